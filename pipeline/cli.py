@@ -1,0 +1,157 @@
+"""The `dspark-targets` command: a thin layer that parses arguments and calls the library.
+
+Each command exits non-zero on failure with a one-line reason; `--verbose`
+shows tracebacks and third-party logs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.config import ConfigError
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="YAML config (see jobs/configs/).",
+)
+
+
+class _Group(click.Group):
+    """Turns known errors into a one-line message and exit code 1 (2 for usage)."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except (ConfigError, FileNotFoundError, ValueError) as err:
+            if ctx.params.get("verbose"):
+                raise
+            click.secho(f"error: {err}", fg="red", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--verbose", "-v", is_flag=True, help="Debug logs and full tracebacks.")
+@click.version_option(package_name="dspark-targets")
+def cli(verbose: bool) -> None:
+    """Produce and use training targets for DSpark/DFlash speculative-decoding drafts."""
+    from pipeline.logs import setup_logging
+
+    setup_logging(verbose)
+
+
+def _not_built(command: str, issue: str) -> None:
+    click.secho(
+        f"`dspark-targets {command}` is not built yet ({issue}); nothing was run.",
+        fg="yellow",
+        err=True,
+    )
+    sys.exit(2)
+
+
+@cli.command()
+@CONFIG_OPTION
+def regenerate(config_path: Path) -> None:
+    """Regenerate assistant turns with the target and capture hidden states into shards."""
+    _not_built("regenerate", "the regeneration stage")
+
+
+@cli.command()
+@CONFIG_OPTION
+def train(config_path: Path) -> None:
+    """Train a DSpark draft from committed shards and export it for vLLM."""
+    _not_built("train", "the DSpark training stage")
+
+
+@cli.command()
+@CONFIG_OPTION
+def evaluate(config_path: Path) -> None:
+    """Measure a draft's acceptance length per domain against the target."""
+    _not_built("evaluate", "the acceptance-length evaluation")
+
+
+@cli.command()
+@CONFIG_OPTION
+def refresh(config_path: Path) -> None:
+    """Regenerate only what changed and publish the next dataset version."""
+    _not_built("refresh", "incremental refresh")
+
+
+@cli.command()
+@click.argument("uri")
+def inspect(uri: str) -> None:
+    """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance."""
+    _not_built("inspect", "the shards layer")
+
+
+@cli.command()
+@click.argument("uri")
+def verify(uri: str) -> None:
+    """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards."""
+    _not_built("verify", "the shards layer")
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--delete", is_flag=True, help="Delete (default: only list) unreferenced files.")
+def gc(uri: str, delete: bool) -> None:
+    """List (or delete) files that no manifest names."""
+    _not_built("gc", "the shards layer")
+
+
+@cli.command()
+@CONFIG_OPTION
+def plan(config_path: Path) -> None:
+    """Validate a config and print it resolved, with the resources it will ask Ray for."""
+    from pipeline.config import dump_config, load_config
+    from pipeline.plan import describe_resources
+
+    config = load_config(config_path)
+    click.echo(dump_config(config).rstrip())
+    click.echo("---")
+    click.echo(describe_resources(config))
+
+
+@cli.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"))
+@click.option("--num-conversations", type=int, default=6, show_default=True)
+def demo(out: Path, num_conversations: int) -> None:
+    """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target)."""
+    from pipeline.demo import run_demo
+
+    run_demo(out_dir=out, num_conversations=num_conversations)
+
+
+@cli.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--num-conversations", type=int, default=1000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def corpus(out: Path, num_conversations: int, seed: int) -> None:
+    """Write the synthetic multi-domain corpus as JSONL and Parquet."""
+    from pipeline.corpus.synthetic import SyntheticSpec, write_corpus
+
+    paths = write_corpus(SyntheticSpec(num_conversations=num_conversations, seed=seed), out)
+    for path in paths:
+        click.echo(str(path))
+
+
+@cli.command("toy-target")
+@click.argument("name", default="trained")
+def toy_target(name: str) -> None:
+    """Build (or find cached) a toy target model and print its directory."""
+    from pipeline.targets.toy import build_toy_target
+
+    click.echo(str(build_toy_target(name)))
+
+
+def main() -> None:
+    cli(prog_name="dspark-targets")
+
+
+if __name__ == "__main__":
+    main()
