@@ -55,7 +55,7 @@ class TargetConfig(_Model):
             name = value.removeprefix("toy:")
             if name not in TOY_TARGETS:
                 raise ValueError(
-                    f"unknown toy target {name!r}; choose one of "
+                    f"unknown toy target {value!r}; choose one of "
                     + ", ".join(f"toy:{n}" for n in sorted(TOY_TARGETS))
                 )
         return value
@@ -133,8 +133,12 @@ class PlacementConfig(_Model):
     num_bundles: int = Field(gt=0)
     bundle: dict[str, float] = Field(default_factory=lambda: {"GPU": 1.0, "CPU": 1.0})
     strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
-    # Node-label selector applied to every bundle, e.g. {"nvlink_domain": "rack-07"}.
+    # Node-label selector applied to every bundle of every replica.
     bundle_label_selector: dict[str, str] = Field(default_factory=dict)
+    # One NVLink domain per replica: replica i's bundles all require
+    # `{domain_label: domains[i]}`, so a replica never straddles two racks.
+    domain_label: str = "nvlink_domain"
+    domains: list[str] = Field(default_factory=list)
 
 
 class ReplicaConfig(_Model):
@@ -146,6 +150,16 @@ class ReplicaConfig(_Model):
     placement: PlacementConfig | None = None
     # Restarts of a dead replica actor before the run gives up on it.
     max_restarts: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _one_domain_per_replica(self) -> ReplicaConfig:
+        domains = self.placement.domains if self.placement else []
+        if domains and len(domains) != self.num_replicas:
+            raise ValueError(
+                f"placement.domains lists {len(domains)} domain(s) for {self.num_replicas} "
+                "replica(s): give exactly one per replica, or none"
+            )
+        return self
 
 
 class RayConfig(_Model):

@@ -1,0 +1,99 @@
+"""Ray actors that each hold one target replica.
+
+The actor is a thin wrapper around a `TargetBackend`: all logic lives in the
+backend, so it is testable without Ray. Resources come from `ReplicaConfig`;
+a replica that spans many GPUs gets a placement group whose bundles can be
+pinned to one NVLink domain with a node-label selector.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.config import GenerationConfig, RayConfig, ReplicaConfig, TargetConfig
+from pipeline.targets.base import Generation, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+class TargetReplica:
+    """Body of the replica actor (wrapped with `ray.remote` in `start_replicas`)."""
+
+    def __init__(self, target: TargetConfig) -> None:
+        from pipeline.logs import setup_logging
+        from pipeline.targets import load_target
+
+        setup_logging()
+        self.backend = load_target(target)
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: GenerationConfig
+    ) -> list[Generation]:
+        return self.backend.generate(requests, params)
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def init_ray(config: RayConfig) -> None:
+    """Join the configured cluster, or start a local one (idempotent)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"log_to_driver": True, "logging_level": logging.WARNING}
+    if config.address:
+        kwargs["address"] = config.address
+    elif config.num_cpus:
+        kwargs["num_cpus"] = config.num_cpus
+    if config.runtime_env:
+        kwargs["runtime_env"] = config.runtime_env
+    ray.init(**kwargs)
+
+
+def placement_group_args(replicas: ReplicaConfig, index: int) -> dict[str, Any] | None:
+    """`ray.util.placement_group` arguments for replica `index`, or None for a single device."""
+    spec = replicas.placement
+    if spec is None:
+        return None
+    selector = dict(spec.bundle_label_selector)
+    if spec.domains:
+        selector[spec.domain_label] = spec.domains[index]
+    kwargs: dict[str, Any] = {
+        "bundles": [dict(spec.bundle) for _ in range(spec.num_bundles)],
+        "strategy": spec.strategy,
+        "name": f"dspark-replica-{index}",
+    }
+    if selector:
+        kwargs["bundle_label_selector"] = [dict(selector) for _ in range(spec.num_bundles)]
+    return kwargs
+
+
+def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
+    """Start `num_replicas` actors and wait until each engine is loaded."""
+    import ray
+
+    actors = []
+    for index in range(replicas.num_replicas):
+        options: dict[str, Any] = {
+            "num_cpus": replicas.num_cpus,
+            "num_gpus": replicas.num_gpus,
+            "max_restarts": replicas.max_restarts,
+        }
+        pg_args = placement_group_args(replicas, index)
+        if pg_args is not None:
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            pg = placement_group(**pg_args)
+            ray.get(pg.ready())
+            # The actor itself takes no GPU: vLLM's workers claim the bundles.
+            options.update(num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(pg))
+        actors.append(ray.remote(TargetReplica).options(**options).remote(target))
+    ray.get([a.ready.remote() for a in actors])
+    return actors

@@ -1,0 +1,75 @@
+"""Hugging Face transformers backend: the reference implementation of `TargetBackend`.
+
+Slow (one sequence at a time, no paged KV cache) and exact: tests compare the
+vLLM backend against it token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.config import GenerationConfig, TargetConfig
+from pipeline.targets.base import Generation, GenerationRequest, request_seed
+
+
+class HFTarget:
+    def __init__(self, config: TargetConfig, model_dir: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=config.revision)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, revision=config.revision, dtype=getattr(torch, config.dtype)
+        ).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: GenerationConfig
+    ) -> list[Generation]:
+        import torch
+
+        results = []
+        for request in requests:
+            limit = request.max_new_tokens or params.max_new_tokens
+            generator = torch.Generator().manual_seed(request_seed(params.seed, request.request_id))
+            ids = torch.tensor([request.prompt_ids])
+            past = None
+            step_input = ids
+            output: list[int] = []
+            finish = "length"
+            with torch.no_grad():
+                for _ in range(limit):
+                    out = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+                    past = out.past_key_values
+                    logits = out.logits[0, -1].float()
+                    token = _sample(logits, params, generator)
+                    output.append(token)
+                    if token in self.eos_ids:
+                        finish = "stop"
+                        break
+                    step_input = torch.tensor([[token]])
+            results.append(Generation(request.request_id, list(request.prompt_ids), output, finish))
+        return results
+
+    def close(self) -> None:
+        del self.model
+
+
+def _sample(logits, params: GenerationConfig, generator) -> int:
+    import torch
+
+    if params.temperature == 0.0:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, 0) - sorted_probs < params.top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,35 @@
+"""Shared fixtures: built toy targets (cached across runs) and a local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def trained_target_dir() -> Path:
+    """The trained toy target (built once per cache; ~4 min on two cores the first time)."""
+    from pipeline.targets.toy import build_toy_target
+
+    return build_toy_target("trained")
+
+
+@pytest.fixture(scope="session")
+def random_target_dir(tmp_path_factory) -> Path:
+    from pipeline.targets.toy import build_toy_target
+
+    return build_toy_target("random", tmp_path_factory.mktemp("toycache"))
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray cluster for the session (two CPUs, no dashboard)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield ray
+    ray.shutdown()
