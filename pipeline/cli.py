@@ -82,26 +82,56 @@ def refresh(config_path: Path) -> None:
     _not_built("refresh", "incremental refresh")
 
 
+ENDPOINT_OPTION = click.option(
+    "--endpoint-url",
+    envvar="AWS_ENDPOINT_URL",
+    default=None,
+    help="S3-compatible endpoint for s3:// URIs (default: $AWS_ENDPOINT_URL, else AWS).",
+)
+
+
 @cli.command()
 @click.argument("uri")
-def inspect(uri: str) -> None:
+@click.option("--version", "version", type=int, default=None, help="Version to detail (default: latest).")
+@ENDPOINT_OPTION
+def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance."""
-    _not_built("inspect", "the shards layer")
+    from pipeline.shards.tools import inspect_dataset
+
+    click.echo(inspect_dataset(uri, version=version, endpoint_url=endpoint_url).to_text())
 
 
 @cli.command()
 @click.argument("uri")
-def verify(uri: str) -> None:
+@click.option("--version", "version", type=int, default=None, help="Version to verify (default: latest).")
+@ENDPOINT_OPTION
+def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards."""
-    _not_built("verify", "the shards layer")
+    from pipeline.shards.tools import verify_dataset
+
+    report = verify_dataset(uri, version=version, endpoint_url=endpoint_url)
+    click.echo(report.to_text())
+    if not report.ok:
+        sys.exit(1)
 
 
 @cli.command()
 @click.argument("uri")
 @click.option("--delete", is_flag=True, help="Delete (default: only list) unreferenced files.")
-def gc(uri: str, delete: bool) -> None:
+@click.option(
+    "--min-age-hours",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Keep unreferenced files younger than this: a writer may be about to commit them.",
+)
+@ENDPOINT_OPTION
+def gc(uri: str, delete: bool, min_age_hours: float, endpoint_url: str | None) -> None:
     """List (or delete) files that no manifest names."""
-    _not_built("gc", "the shards layer")
+    from pipeline.shards.tools import gc_dataset
+
+    report = gc_dataset(uri, delete=delete, min_age_s=min_age_hours * 3600, endpoint_url=endpoint_url)
+    click.echo(report.to_text())
 
 
 @cli.command()
@@ -142,11 +172,19 @@ def corpus(out: Path, num_conversations: int, seed: int) -> None:
 
 @cli.command("toy-target")
 @click.argument("name", default="trained")
-def toy_target(name: str) -> None:
+@click.option("--report", is_flag=True, help="Also print held-out loss, answer diversity, entropy.")
+def toy_target(name: str, report: bool) -> None:
     """Build (or find cached) a toy target model and print its directory."""
+    import json
+
     from pipeline.targets.toy import build_toy_target
 
-    click.echo(str(build_toy_target(name)))
+    model_dir = build_toy_target(name)
+    click.echo(str(model_dir))
+    if report:
+        from pipeline.targets.toy_quality import quality_report
+
+        click.echo(json.dumps(quality_report(model_dir), indent=2))
 
 
 def main() -> None:
