@@ -1,0 +1,245 @@
+"""Stream committed samples as torch tensors, in manifest order, with prefetch.
+
+The reader resolves one dataset version through its manifest and opens exactly
+the files it names (never a glob). Per shard it first reads the small columns
+(ids, domains) to pick the rows it needs, then reads and decodes only the row
+groups holding them. A background thread reads and decodes ahead into a
+bounded queue, so storage latency and zstd decoding overlap with training.
+Shards are split across `rank`/`world_size` for data-parallel training.
+
+The files are plain Parquet: `parquet_files()` gives the list to hand to
+`datasets.load_dataset("parquet", data_files=...)`, pyarrow or DuckDB.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.shards import codecs
+from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
+from pipeline.shards.schema import ShardMeta, read_shard_meta
+
+_KEY_COLUMNS = ["sample_id", "domain"]
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """One decoded sample."""
+
+    sample_id: str
+    source: str
+    domain: str
+    input_ids: torch.Tensor  # (T,) int64
+    loss_mask: torch.Tensor  # (T,) bool
+    hidden_states: torch.Tensor  # (T, k*H) bfloat16
+    last_hidden_state: torch.Tensor  # (T, H) bfloat16
+    finish_reason: str
+    num_prompt_tokens: int
+    num_generated_tokens: int
+
+
+def open_shard(dataset: Dataset, entry: ShardEntry) -> tuple[pq.ParquetFile, ShardMeta]:
+    """Open a committed shard and validate its size, schema and metadata against the manifest."""
+    url = dataset.shard_url(entry)
+    try:
+        size = dataset.storage.info(entry.path).size
+    except FileNotFoundError:
+        raise DatasetError(f"{url}: named by the manifest but missing") from None
+    if size != entry.bytes:
+        raise DatasetError(
+            f"{url}: {size} bytes, the manifest says {entry.bytes} (truncated or replaced)"
+        )
+    pf = pq.ParquetFile(dataset.storage.open_read(entry.path))
+    meta = read_shard_meta(pf.schema_arrow, url)
+    if meta.provenance.identity_key() != entry.identity:
+        raise DatasetError(f"{url}: provenance differs from what the manifest recorded")
+    if pf.metadata.num_rows != entry.rows:
+        raise DatasetError(f"{url}: {pf.metadata.num_rows} rows, the manifest says {entry.rows}")
+    return pf, meta
+
+
+def decode_rows(table: pa.Table, where: str) -> Iterator[TrainingSample]:
+    """Turn rows of a shard table into TrainingSamples, checking tensor shapes."""
+    cols = {name: table.column(name) for name in table.column_names}
+    for i in range(table.num_rows):
+        ids = cols["input_ids"][i].values.to_numpy(zero_copy_only=False)
+        mask = cols["loss_mask"][i].values.to_numpy(zero_copy_only=False)
+        sample_id = cols["sample_id"][i].as_py()
+        tensors = {}
+        for name in ("hidden_states", "last_hidden_state"):
+            frame = cols[name][i].as_buffer()
+            try:
+                tensors[name] = codecs.decode(memoryview(frame))
+            except ValueError as err:
+                raise DatasetError(f"{where}, sample {sample_id!r}, {name}: {err}") from None
+            if tensors[name].shape[0] != len(ids):
+                raise DatasetError(
+                    f"{where}, sample {sample_id!r}: {name} has {tensors[name].shape[0]} rows "
+                    f"for {len(ids)} tokens"
+                )
+        yield TrainingSample(
+            sample_id=sample_id,
+            source=cols["source"][i].as_py(),
+            domain=cols["domain"][i].as_py(),
+            input_ids=torch.from_numpy(ids.astype("int64")),
+            loss_mask=torch.from_numpy(mask.astype(bool)),
+            hidden_states=tensors["hidden_states"],
+            last_hidden_state=tensors["last_hidden_state"],
+            finish_reason=cols["finish_reason"][i].as_py(),
+            num_prompt_tokens=cols["num_prompt_tokens"][i].as_py(),
+            num_generated_tokens=cols["num_generated_tokens"][i].as_py(),
+        )
+
+
+class ShardReader:
+    """Iterate one version of a dataset; see the module docstring.
+
+    `domains` keeps only rows of those domains; `rank`/`world_size` keep every
+    world_size-th shard starting at rank; `prefetch` is how many decoded
+    samples the background thread may hold ahead (0: read in the caller's thread).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | str | Path,
+        *,
+        version: int | None = None,
+        domains: Iterable[str] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: int = 4,
+        endpoint_url: str | None = None,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if not isinstance(dataset, Dataset):
+            dataset = Dataset.open(dataset, endpoint_url=endpoint_url)
+        self.dataset = dataset
+        self.manifest: Manifest = dataset.manifest(version)
+        self.domains = frozenset(domains) if domains is not None else None
+        self.shards = self.manifest.shards[rank::world_size]
+        self.prefetch = prefetch
+        self._index: dict[str, tuple[ShardEntry, int]] | None = None
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    def parquet_files(self) -> list[str]:
+        """URLs of this version's shards (all ranks), for datasets/pyarrow/DuckDB."""
+        return [self.dataset.shard_url(e) for e in self.manifest.shards]
+
+    def __len__(self) -> int:
+        """Rows in this rank's shards (before the domain filter)."""
+        return sum(e.rows for e in self.shards)
+
+    def __iter__(self) -> Iterator[TrainingSample]:
+        if self.prefetch == 0:
+            yield from self._produce()
+            return
+        yield from _prefetched(self._produce(), self.prefetch)
+
+    def _produce(self) -> Iterator[TrainingSample]:
+        for entry in self.shards:
+            yield from self._read_shard(entry)
+
+    def _read_shard(
+        self, entry: ShardEntry, sample_id: str | None = None
+    ) -> Iterator[TrainingSample]:
+        pf, _ = open_shard(self.dataset, entry)
+        url = self.dataset.shard_url(entry)
+        with pf:
+            for group in range(pf.metadata.num_row_groups):
+                keys = pf.read_row_group(group, columns=_KEY_COLUMNS)
+                keep = [
+                    i
+                    for i, (sid, dom) in enumerate(
+                        zip(
+                            keys.column("sample_id").to_pylist(),
+                            keys.column("domain").to_pylist(),
+                            strict=True,
+                        )
+                    )
+                    if (self.domains is None or dom in self.domains)
+                    and (sample_id is None or sid == sample_id)
+                ]
+                if not keep:
+                    continue
+                table = pf.read_row_group(group)
+                if len(keep) < table.num_rows:
+                    table = table.take(keep)
+                yield from decode_rows(table, url)
+
+    def get(self, sample_id: str) -> TrainingSample:
+        """The sample with this id (any rank's shard); KeyError if the version lacks it."""
+        if self._index is None:
+            index: dict[str, tuple[ShardEntry, int]] = {}
+            for entry in self.manifest.shards:
+                pf, _ = open_shard(self.dataset, entry)
+                with pf:
+                    ids = pf.read(columns=["sample_id"]).column("sample_id").to_pylist()
+                for row, sid in enumerate(ids):
+                    index[sid] = (entry, row)
+            self._index = index
+        try:
+            entry, _ = self._index[sample_id]
+        except KeyError:
+            raise KeyError(
+                f"{self.dataset.uri} version {self.version} has no sample {sample_id!r}"
+            ) from None
+        domains, self.domains = self.domains, None
+        try:
+            return next(self._read_shard(entry, sample_id=sample_id))
+        finally:
+            self.domains = domains
+
+
+_DONE = object()
+
+
+def _prefetched(source: Iterator[TrainingSample], depth: int) -> Iterator[TrainingSample]:
+    """Run `source` in a daemon thread, `depth` items ahead; errors surface in the caller."""
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in source:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as err:  # handed to the consumer, raised there
+            put(err)
+
+    thread = threading.Thread(target=run, name="shard-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

@@ -1,0 +1,263 @@
+"""Library side of `dspark-targets inspect | verify | gc`.
+
+* `inspect_dataset`: versions, shards, rows, tokens, bytes per token, codec, provenance.
+* `verify_dataset`: re-hash every shard of a version against its manifest and
+  decode every tensor; the report names each corrupt shard and what is wrong.
+* `gc_dataset`: files under `shards/` (and leftover temp files) that no
+  manifest of any version names. Dry run unless `delete=True`; files younger
+  than `min_age_s` are kept because a writer may be about to commit them.
+
+Each returns a frozen report with `to_text()`; the CLI only prints it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
+from pipeline.shards.writer import SHARD_PREFIX
+from pipeline.storage import ObjectInfo
+
+_HASH_CHUNK = 8 << 20
+
+
+def _mb(n: int | float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def raw_bf16_bytes_per_token(manifest: Manifest) -> int:
+    """Bytes per token of the two tensors stored as raw bf16 (the anchors' format)."""
+    prov = manifest.provenance
+    return 2 * (prov.hidden_states_width + prov.hidden_size)
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+@dataclass(frozen=True)
+class VersionSummary:
+    version: int
+    created_at: str
+    num_shards: int
+    num_rows: int
+    num_tokens: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    uri: str
+    latest: int | None
+    versions: tuple[VersionSummary, ...]
+    manifest: Manifest | None  # of the version inspected in detail
+
+    def to_text(self) -> str:
+        if self.manifest is None:
+            return f"{self.uri}: no committed version"
+        m = self.manifest
+        lines = [f"dataset {self.uri}", f"latest version: {self.latest}", "", "versions:"]
+        for v in self.versions:
+            lines.append(
+                f"  v{v.version:06d}  {v.created_at}  shards={v.num_shards} rows={v.num_rows} "
+                f"tokens={v.num_tokens} bytes={_mb(v.num_bytes)}"
+            )
+        raw = raw_bf16_bytes_per_token(m)
+        lines += [
+            "",
+            f"version {m.version} (parent {m.parent_version}), schema v{m.schema_version}:",
+        ]
+        lines.append(
+            f"  {'shard':<40} {'rows':>7} {'tokens':>10} {'bytes':>12} {'B/token':>9} codec"
+        )
+        for e in m.shards:
+            bpt = e.bytes / e.tokens if e.tokens else 0.0
+            lines.append(
+                f"  {e.path:<40} {e.rows:>7} {e.tokens:>10} {e.bytes:>12} {bpt:>9.1f} {e.codec}"
+            )
+        bpt = m.num_bytes / m.num_tokens if m.num_tokens else 0.0
+        lines.append(
+            f"  total: shards={len(m.shards)} rows={m.num_rows} tokens={m.num_tokens} "
+            f"bytes={_mb(m.num_bytes)} bytes/token={bpt:.1f} "
+            f"(raw bf16 {raw} B/token, ratio {bpt / raw:.3f})"
+        )
+        lines += ["", "provenance:"]
+        lines += ["  " + line for line in json.dumps(m.provenance.to_dict(), indent=2).splitlines()]
+        return "\n".join(lines)
+
+
+def inspect_dataset(
+    uri: str, *, version: int | None = None, endpoint_url: str | None = None
+) -> InspectReport:
+    dataset = Dataset.open(uri, endpoint_url=endpoint_url)
+    latest = dataset.latest_version()
+    if latest is None:
+        return InspectReport(dataset.uri, None, (), None)
+    summaries = []
+    for v in dataset.versions():
+        m = dataset.manifest(v)
+        summaries.append(
+            VersionSummary(v, m.created_at, len(m.shards), m.num_rows, m.num_tokens, m.num_bytes)
+        )
+    return InspectReport(dataset.uri, latest, tuple(summaries), dataset.manifest(version or latest))
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@dataclass(frozen=True)
+class ShardProblem:
+    path: str  # full URL of the shard
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    uri: str
+    version: int
+    num_shards: int
+    num_rows: int
+    corrupt: tuple[ShardProblem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.corrupt
+
+    def to_text(self) -> str:
+        head = f"{self.uri} version {self.version}: {self.num_shards} shards, {self.num_rows} rows checked"
+        if self.ok:
+            return f"{head}: OK (hashes match the manifest, every tensor decodes)"
+        lines = [f"{head}: {len(self.corrupt)} corrupt shard(s)"]
+        for shard in self.corrupt:
+            lines.append(f"  CORRUPT {shard.path}")
+            lines += [f"    - {p}" for p in shard.problems]
+        return "\n".join(lines)
+
+
+def _hash_shard(dataset: Dataset, entry: ShardEntry) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with dataset.storage.open_read(entry.path) as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def verify_shard(dataset: Dataset, entry: ShardEntry, manifest: Manifest) -> list[str]:
+    """Problems with one shard; empty if its bytes and every tensor are as committed."""
+    from pipeline.shards.reader import decode_rows, open_shard  # torch only when verifying
+
+    problems = []
+    try:
+        sha, size = _hash_shard(dataset, entry)
+    except FileNotFoundError:
+        return ["file is missing"]
+    if size != entry.bytes:
+        problems.append(f"size {size} bytes, manifest says {entry.bytes}")
+    if sha != entry.sha256:
+        problems.append(
+            f"sha256 {sha[:16]}... does not match the manifest's {entry.sha256[:16]}..."
+        )
+    prov = manifest.provenance
+    widths = {"hidden_states": prov.hidden_states_width, "last_hidden_state": prov.hidden_size}
+    url = dataset.shard_url(entry)
+    try:
+        pf, _ = open_shard(dataset, entry)
+        rows = tokens = 0
+        with pf:
+            for group in range(pf.metadata.num_row_groups):
+                for sample in decode_rows(pf.read_row_group(group), url):
+                    rows += 1
+                    tokens += len(sample.input_ids)
+                    for name, width in widths.items():
+                        got = getattr(sample, name).shape[1]
+                        if got != width:
+                            problems.append(
+                                f"sample {sample.sample_id!r}: {name} width {got}, expected {width}"
+                            )
+        if rows != entry.rows or tokens != entry.tokens:
+            problems.append(
+                f"{rows} rows / {tokens} tokens, manifest says {entry.rows} / {entry.tokens}"
+            )
+    except Exception as err:  # any failure to parse or decode is a finding, not a crash
+        problems.append(f"cannot decode: {type(err).__name__}: {err}")
+    return problems
+
+
+def verify_dataset(
+    uri: str, *, version: int | None = None, endpoint_url: str | None = None
+) -> VerifyReport:
+    dataset = Dataset.open(uri, endpoint_url=endpoint_url)
+    manifest = dataset.manifest(version)
+    corrupt = []
+    for entry in manifest.shards:
+        problems = verify_shard(dataset, entry, manifest)
+        if problems:
+            corrupt.append(ShardProblem(dataset.shard_url(entry), tuple(problems)))
+    return VerifyReport(
+        dataset.uri, manifest.version, len(manifest.shards), manifest.num_rows, tuple(corrupt)
+    )
+
+
+# --------------------------------------------------------------------------- gc
+
+
+@dataclass(frozen=True)
+class GcReport:
+    uri: str
+    num_versions: int
+    num_referenced: int
+    garbage: tuple[ObjectInfo, ...]  # unreferenced and old enough to delete
+    young: tuple[ObjectInfo, ...]  # unreferenced but possibly still being committed
+    deleted: bool
+
+    def to_text(self) -> str:
+        total = sum(o.size for o in self.garbage)
+        lines = [
+            f"{self.uri}: {self.num_versions} versions reference {self.num_referenced} shard files; "
+            f"{len(self.garbage)} unreferenced file(s), {_mb(total)}"
+        ]
+        verb = "deleted" if self.deleted else "would delete"
+        lines += [f"  {verb} {o.key} ({o.size} bytes)" for o in self.garbage]
+        lines += [f"  kept (younger than min age) {o.key}" for o in self.young]
+        if self.garbage and not self.deleted:
+            lines.append("dry run: pass --delete to remove them")
+        return "\n".join(lines)
+
+
+def _is_gc_candidate(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    if key.startswith(SHARD_PREFIX):
+        return True
+    # A create-only put killed before its link leaves a hidden temp file.
+    return ".tmp-" in name and name.startswith(".")
+
+
+def gc_dataset(
+    uri: str,
+    *,
+    delete: bool = False,
+    min_age_s: float = 3600.0,
+    endpoint_url: str | None = None,
+) -> GcReport:
+    dataset = Dataset.open(uri, endpoint_url=endpoint_url)
+    versions = dataset.versions()
+    referenced: set[str] = set()
+    for v in versions:
+        referenced.update(e.path for e in dataset.manifest(v).shards)
+    now = time.time()
+    garbage, young = [], []
+    for obj in dataset.storage.list():
+        if obj.key in referenced or not _is_gc_candidate(obj.key):
+            continue
+        (young if now - obj.mtime < min_age_s else garbage).append(obj)
+    if delete:
+        for obj in garbage:
+            dataset.storage.delete(obj.key)
+    if not versions and not garbage and not young and not dataset.storage.list():
+        raise DatasetError(f"{dataset.uri}: no dataset here (no manifests, no shards)")
+    return GcReport(
+        dataset.uri, len(versions), len(referenced), tuple(garbage), tuple(young), delete
+    )

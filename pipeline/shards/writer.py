@@ -1,0 +1,327 @@
+"""Write one shard: the samples of one deterministic work unit, as one Parquet file.
+
+The shard's key is `shards/<unit_id>.parquet`, derived from the unit and never
+from a random write id, so a retried unit overwrites the same key and a
+dataset can never hold two copies of one unit. The file appears under that
+name only when `close()` succeeds (see `Storage.open_write`); it becomes part
+of a dataset only when a manifest names it (pipeline/shards/manifest.py).
+
+Parquet layout (measured, see codecs.py and bench/RESULTS.md): the two tensor
+columns hold one codec frame per row and are stored uncompressed (the frames
+are already zstd-compressed; compressing again costs time and gains nothing);
+the small columns use zstd with dictionaries for the low-cardinality strings.
+Row groups are cut by encoded bytes (default 64 MiB, at least one row), so a
+reader holds a bounded amount of memory whatever the sequence lengths are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.shards import codecs
+from pipeline.shards.schema import Provenance, shard_arrow_schema
+from pipeline.storage import Storage
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_ROW_GROUP_BYTES = 64 << 20
+SHARD_PREFIX = "shards/"
+_UNIT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}")
+_FINISH_REASONS = {"stop", "length", "abort"}
+
+# Per-column settings are keyed by the Parquet leaf path (`col.list.element` for lists).
+_ZSTD_COLUMNS = (
+    "sample_id",
+    "source",
+    "domain",
+    "input_ids.list.element",
+    "loss_mask.list.element",
+    "finish_reason",
+    "num_prompt_tokens",
+    "num_generated_tokens",
+)
+_PARQUET_OPTIONS: dict[str, Any] = dict(
+    compression={
+        **{name: "zstd" for name in _ZSTD_COLUMNS},
+        "hidden_states": "none",
+        "last_hidden_state": "none",
+    },
+    use_dictionary=["source", "domain", "finish_reason"],
+    write_statistics=["sample_id", "source", "domain", "finish_reason"],
+    write_page_index=False,
+)
+
+
+def shard_key(unit_id: str) -> str:
+    """The storage key of a unit's shard."""
+    if not _UNIT_ID.fullmatch(unit_id):
+        raise ValueError(
+            f"unit id {unit_id!r} is not a valid shard name: use 1-200 characters from "
+            "[A-Za-z0-9._=-], starting with a letter or digit"
+        )
+    return f"{SHARD_PREFIX}{unit_id}.parquet"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One regenerated assistant turn with its captured hidden states (schema v1)."""
+
+    sample_id: str
+    source: str
+    domain: str
+    input_ids: Sequence[int] | np.ndarray | torch.Tensor  # (T,)
+    loss_mask: Sequence[int] | np.ndarray | torch.Tensor  # (T,) 0/1
+    hidden_states: torch.Tensor  # (T, k*H), bfloat16 for codec bf16
+    last_hidden_state: torch.Tensor  # (T, H), after the final norm
+    finish_reason: str
+    num_prompt_tokens: int
+    num_generated_tokens: int
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the writer knows about a finished shard; the manifest entry is built from it."""
+
+    path: str  # storage key, e.g. "shards/u-000001.parquet"
+    unit_id: str
+    rows: int
+    tokens: int  # sum of T over rows
+    bytes: int  # file size
+    sha256: str  # of the whole file
+    codec: str
+    schema_version: int
+    provenance: Provenance
+
+
+class _HashingSink:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        self._raw.write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:  # the storage context closes the real file
+        self.closed = True
+
+
+def _as_int_array(values: Any, dtype: type, what: str) -> np.ndarray:
+    if hasattr(values, "detach"):  # torch tensor, without importing torch here
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(
+            f"{what} must be a 1-D integer sequence, got shape {arr.shape} dtype {arr.dtype}"
+        )
+    info = np.iinfo(dtype)
+    if arr.size and (arr.min() < info.min or arr.max() > info.max):
+        raise ValueError(f"{what} has values outside {np.dtype(dtype).name}")
+    return arr.astype(dtype, copy=False)
+
+
+class ShardWriter:
+    """Writes the samples of one work unit into `shards/<unit_id>.parquet`.
+
+    Use as a context manager: leaving the block normally finishes the shard
+    (`info` is then set), an exception discards it. Samples are validated
+    against the provenance (hidden size, number of layers) as they arrive.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        unit_id: str,
+        provenance: Provenance,
+        *,
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+    ) -> None:
+        if row_group_bytes <= 0:
+            raise ValueError(f"row_group_bytes must be positive, got {row_group_bytes}")
+        self.storage = storage
+        self.unit_id = unit_id
+        self.key = shard_key(unit_id)
+        self.provenance = provenance
+        self.codec = codecs.get_codec(provenance.codec)
+        self.row_group_bytes = row_group_bytes
+        self.schema = shard_arrow_schema(provenance, unit_id)
+        self.info: ShardInfo | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._buffered = 0
+        self._num_rows = 0
+        self._num_tokens = 0
+        self._ids: set[str] = set()
+        self._ctx: Any = None
+        self._sink: _HashingSink | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._done = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _open(self) -> None:
+        self._ctx = self.storage.open_write(self.key)
+        raw = self._ctx.__enter__()
+        self._sink = _HashingSink(raw)
+        self._writer = pq.ParquetWriter(self._sink, self.schema, **_PARQUET_OPTIONS)
+
+    def write(self, sample: Sample) -> None:
+        """Validate, encode and buffer one sample; flushes a row group when full."""
+        if self._done:
+            raise ValueError(f"shard {self.key} is already closed")
+        row = self._encode(sample)
+        self._rows.append(row)
+        self._buffered += len(row["hidden_states"]) + len(row["last_hidden_state"])
+        self._buffered += 5 * len(row["input_ids"])
+        if self._buffered >= self.row_group_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        if self._writer is None:
+            self._open()
+        columns = {name: [row[name] for row in self._rows] for name in self.schema.names}
+        table = pa.table(columns, schema=self.schema)
+        self._writer.write_table(table, row_group_size=len(self._rows))
+        self._rows, self._buffered = [], 0
+
+    def close(self) -> ShardInfo:
+        """Finish the file; returns its ShardInfo (also kept as `self.info`)."""
+        if self.info is not None:
+            return self.info
+        if self._done:
+            raise ValueError(f"shard {self.key} was aborted")
+        try:
+            self._flush()
+            if self._writer is None:
+                self._open()  # an empty unit still gets a (zero-row) shard
+            self._writer.close()
+            self._ctx.__exit__(None, None, None)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self.info = ShardInfo(
+            path=self.key,
+            unit_id=self.unit_id,
+            rows=self._num_rows,
+            tokens=self._num_tokens,
+            bytes=self._sink.size,
+            sha256=self._sink.sha256.hexdigest(),
+            codec=self.codec.name,
+            schema_version=int(self.schema.metadata[b"dspark.schema_version"]),
+            provenance=self.provenance,
+        )
+        return self.info
+
+    def abort(self) -> None:
+        """Discard the shard: nothing appears under its name."""
+        if self._done:
+            return
+        self._done = True
+        self._rows = []
+        if self._ctx is not None:
+            err = RuntimeError(f"shard {self.key} aborted")
+            try:
+                if self._writer is not None:
+                    self._writer.close()
+            except Exception:
+                pass
+            self._ctx.__exit__(RuntimeError, err, None)
+
+    # -------------------------------------------------------------- validation
+
+    def _encode(self, s: Sample) -> dict[str, Any]:
+        where = f"shard {self.key}, sample {s.sample_id!r}"
+        if not isinstance(s.sample_id, str) or not s.sample_id:
+            raise ValueError(f"shard {self.key}: sample_id must be a non-empty string")
+        if s.sample_id in self._ids:
+            raise ValueError(f"{where}: duplicate sample_id in this unit")
+        ids = _as_int_array(s.input_ids, np.int32, f"{where}: input_ids")
+        mask = _as_int_array(s.loss_mask, np.uint8, f"{where}: loss_mask")
+        num_tokens = len(ids)
+        if num_tokens == 0:
+            raise ValueError(f"{where}: input_ids is empty")
+        if len(mask) != num_tokens:
+            raise ValueError(f"{where}: loss_mask has {len(mask)} entries, input_ids {num_tokens}")
+        if mask.max() > 1:
+            raise ValueError(f"{where}: loss_mask must hold only 0 and 1")
+        if s.num_prompt_tokens < 0 or s.num_generated_tokens < 0:
+            raise ValueError(f"{where}: token counts must be non-negative")
+        if s.num_prompt_tokens + s.num_generated_tokens != num_tokens:
+            raise ValueError(
+                f"{where}: num_prompt_tokens ({s.num_prompt_tokens}) + num_generated_tokens "
+                f"({s.num_generated_tokens}) != len(input_ids) ({num_tokens})"
+            )
+        if s.finish_reason not in _FINISH_REASONS:
+            raise ValueError(
+                f"{where}: finish_reason {s.finish_reason!r} is not one of {sorted(_FINISH_REASONS)}"
+            )
+        prov = self.provenance
+        expect = {
+            "hidden_states": (num_tokens, prov.hidden_states_width),
+            "last_hidden_state": (num_tokens, prov.hidden_size),
+        }
+        frames = {}
+        for name, shape in expect.items():
+            tensor = getattr(s, name)
+            if tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"{where}: {name} has shape {tuple(tensor.shape)}, expected {shape} "
+                    f"(T={num_tokens}, {len(prov.aux_layer_ids)} layers x hidden_size {prov.hidden_size})"
+                )
+            try:
+                frames[name] = codecs.encode(tensor, self.codec)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"{where}: {name}: {err}") from None
+        self._ids.add(s.sample_id)
+        self._num_rows += 1
+        self._num_tokens += num_tokens
+        return {
+            "sample_id": s.sample_id,
+            "source": s.source,
+            "domain": s.domain,
+            "input_ids": ids,
+            "loss_mask": mask,
+            "hidden_states": frames["hidden_states"],
+            "last_hidden_state": frames["last_hidden_state"],
+            "finish_reason": s.finish_reason,
+            "num_prompt_tokens": int(s.num_prompt_tokens),
+            "num_generated_tokens": int(s.num_generated_tokens),
+        }
