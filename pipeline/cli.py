@@ -92,7 +92,9 @@ ENDPOINT_OPTION = click.option(
 
 @cli.command()
 @click.argument("uri")
-@click.option("--version", "version", type=int, default=None, help="Version to detail (default: latest).")
+@click.option(
+    "--version", "version", type=int, default=None, help="Version to detail (default: latest)."
+)
 @ENDPOINT_OPTION
 def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance."""
@@ -103,7 +105,9 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
 
 @cli.command()
 @click.argument("uri")
-@click.option("--version", "version", type=int, default=None, help="Version to verify (default: latest).")
+@click.option(
+    "--version", "version", type=int, default=None, help="Version to verify (default: latest)."
+)
 @ENDPOINT_OPTION
 def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards."""
@@ -130,7 +134,9 @@ def gc(uri: str, delete: bool, min_age_hours: float, endpoint_url: str | None) -
     """List (or delete) files that no manifest names."""
     from pipeline.shards.tools import gc_dataset
 
-    report = gc_dataset(uri, delete=delete, min_age_s=min_age_hours * 3600, endpoint_url=endpoint_url)
+    report = gc_dataset(
+        uri, delete=delete, min_age_s=min_age_hours * 3600, endpoint_url=endpoint_url
+    )
     click.echo(report.to_text())
 
 
