@@ -26,7 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.shards import codecs
 from pipeline.shards.schema import Provenance, shard_arrow_schema
 from pipeline.storage import Storage
 
@@ -169,6 +168,9 @@ class ShardWriter:
         self.unit_id = unit_id
         self.key = shard_key(unit_id)
         self.provenance = provenance
+        from pipeline.shards import codecs  # torch, only once something is written
+
+        self._codecs = codecs
         self.codec = codecs.get_codec(provenance.codec)
         self.row_group_bytes = row_group_bytes
         self.schema = shard_arrow_schema(provenance, unit_id)
@@ -307,7 +309,7 @@ class ShardWriter:
                     f"(T={num_tokens}, {len(prov.aux_layer_ids)} layers x hidden_size {prov.hidden_size})"
                 )
             try:
-                frames[name] = codecs.encode(tensor, self.codec)
+                frames[name] = self._codecs.encode(tensor, self.codec)
             except (TypeError, ValueError) as err:
                 raise type(err)(f"{where}: {name}: {err}") from None
         self._ids.add(s.sample_id)

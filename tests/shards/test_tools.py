@@ -1,0 +1,114 @@
+"""inspect / verify / gc, through the library and the CLI."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import cli
+from pipeline.shards.manifest import Dataset
+from pipeline.shards.tools import gc_dataset, inspect_dataset, verify_dataset
+
+from .helpers import write_unit
+
+
+@pytest.fixture
+def dataset(root):
+    ds = Dataset.open(root)
+    ds.commit([write_unit(ds, "unit-a", 3)[0], write_unit(ds, "unit-b", 3)[0]])
+    ds.commit([write_unit(ds, "unit-c", 2)[0]])
+    return ds
+
+
+def _flip_byte(ds: Dataset, key: str, offset: int) -> None:
+    data = bytearray(ds.storage.read_bytes(key))
+    data[offset] ^= 0x01
+    with ds.storage.open_write(key) as f:
+        f.write(bytes(data))
+
+
+def test_inspect_shows_versions_shards_and_provenance(dataset):
+    text = inspect_dataset(dataset.uri).to_text()
+    assert "latest version: 2" in text
+    assert "v000001" in text and "v000002" in text
+    for unit in ("unit-a", "unit-b", "unit-c"):
+        assert f"shards/{unit}.parquet" in text
+    assert "bytes/token=" in text and "raw bf16 192 B/token" in text
+    assert '"target_revision": "sha256:0123abcd"' in text and "bf16" in text
+    older = inspect_dataset(dataset.uri, version=1)
+    assert older.manifest.version == 1 and "unit-c" not in older.to_text().split("version 1 (")[1]
+
+
+def test_verify_passes_on_clean_data(dataset):
+    report = verify_dataset(dataset.uri)
+    assert report.ok and report.num_shards == 3 and report.num_rows == 8
+    assert "OK" in report.to_text()
+
+
+def test_verify_names_a_shard_with_one_flipped_byte(dataset):
+    key = "shards/unit-b.parquet"
+    # Flip a byte inside a tensor frame's compressed data (middle of the first row group).
+    group = pq.ParquetFile(dataset.storage.open_read(key)).metadata.row_group(0)
+    chunk = group.column(5)  # hidden_states
+    _flip_byte(dataset, key, chunk.data_page_offset + chunk.total_compressed_size // 2)
+    report = verify_dataset(dataset.uri)
+    assert not report.ok
+    assert [c.path for c in report.corrupt] == [dataset.shard_url(key)]
+    assert any("sha256" in p for p in report.corrupt[0].problems)
+    assert "CORRUPT " + dataset.shard_url(key) in report.to_text()
+
+
+def test_verify_catches_a_flipped_footer_byte_and_truncation(dataset):
+    a, c = "shards/unit-a.parquet", "shards/unit-c.parquet"
+    size = dataset.storage.info(a).size
+    _flip_byte(dataset, a, size - 20)
+    data = dataset.storage.read_bytes(c)
+    with dataset.storage.open_write(c) as f:
+        f.write(data[: len(data) // 2])
+    report = verify_dataset(dataset.uri)
+    assert sorted(s.path for s in report.corrupt) == sorted(dataset.shard_url(k) for k in (a, c))
+
+
+def test_cli_verify_exits_nonzero_naming_the_shard(dataset):
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["verify", dataset.uri])
+    assert ok.exit_code == 0, ok.output
+    key = "shards/unit-a.parquet"
+    _flip_byte(dataset, key, 100)
+    bad = runner.invoke(cli, ["verify", dataset.uri])
+    assert bad.exit_code == 1
+    assert dataset.shard_url(key) in bad.output
+    assert "unit-b" not in bad.output.split("corrupt shard")[1]
+
+
+def test_gc_lists_then_deletes_only_unreferenced_files(dataset):
+    orphan, _ = write_unit(dataset, "unit-orphan", 1)
+    report = gc_dataset(dataset.uri, min_age_s=0)
+    assert [o.key for o in report.garbage] == [orphan.path] and not report.deleted
+    assert dataset.storage.exists(orphan.path)  # dry run by default
+    young = gc_dataset(dataset.uri, min_age_s=3600, delete=True)
+    assert young.garbage == () and [o.key for o in young.young] == [orphan.path]
+    assert dataset.storage.exists(orphan.path)  # too young: may be about to be committed
+    gc_dataset(dataset.uri, min_age_s=0, delete=True)
+    assert not dataset.storage.exists(orphan.path)
+    assert verify_dataset(dataset.uri).ok and verify_dataset(dataset.uri, version=1).ok
+    assert gc_dataset(dataset.uri, min_age_s=0).garbage == ()
+
+
+def test_cli_inspect_and_gc(dataset):
+    runner = CliRunner()
+    out = runner.invoke(cli, ["inspect", dataset.uri])
+    assert out.exit_code == 0 and "shards/unit-c.parquet" in out.output
+    orphan, _ = write_unit(dataset, "unit-orphan", 1)
+    dry = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0"])
+    assert dry.exit_code == 0 and "would delete shards/unit-orphan.parquet" in dry.output
+    assert "--delete" in dry.output
+    done = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0", "--delete"])
+    assert done.exit_code == 0 and "deleted shards/unit-orphan.parquet" in done.output
+    assert not dataset.storage.exists(orphan.path)
+
+
+def test_cli_reports_a_missing_dataset_in_one_line(tmp_path):
+    out = CliRunner().invoke(cli, ["verify", str(tmp_path / "nope")])
+    assert out.exit_code == 1 and "no committed version" in out.output
