@@ -18,10 +18,11 @@ seed 0, T=2048 x H=4096, bf16) on one core:
   itself (numpy, ~1.5 GB/s) and stores one binary value per tensor. zstd level 3
   gives 0.72 of raw, level 1 gives 0.69: on the near-random mantissa plane the
   match finder only finds spurious short matches that cost more than they save.
-  A "literals first" parameter set (fast strategy, min match 7, 128 KiB window)
-  leaves the work to zstd's Huffman literal coder and gives 0.684 at 250-450
-  MB/s, close to the order-0 entropy of the planes (0.676). zstd-19 (0.68) is
-  ~30x slower. Splitting exponent and sign+mantissa fields instead of bytes
+  A "literals first" parameter set (fast strategy, min match 7, 128 KiB window,
+  a 256-entry hash table that stays in L1) leaves the work to zstd's Huffman
+  literal coder: 0.680 at roughly twice the speed of zstd level 1, close to the
+  order-0 entropy of the planes (0.676); a 4096-entry table gave 0.684 at half
+  the speed (more spurious matches, cache misses). zstd-19 (0.68) is ~30x slower. Splitting exponent and sign+mantissa fields instead of bytes
   and centring exponents per channel reaches 0.674 but costs ~30% speed; not
   worth it at the 200 MB/s floor.
 * fp8: e4m3 codes with one float32 scale per token. With only a per-token
@@ -49,7 +50,7 @@ HEADER_BYTES = _HEADER.size
 
 # See the module docstring: zstd with the match finder all but switched off.
 _ZSTD_PARAMS = dict(
-    window_log=17, hash_log=12, chain_log=12, search_log=1, min_match=7, target_length=0
+    window_log=17, hash_log=8, chain_log=8, search_log=1, min_match=7, target_length=0
 )
 
 
@@ -199,6 +200,8 @@ E4M3_MAX = 448.0
 # Error bound of `Fp8Codec`, see its docstring.
 FP8_REL_BOUND = 2.0**-4 + 2.0**-8 * (1 + 2.0**-4) + 2.0**-20
 FP8_ABS_BOUND = 2.0**-10 * (1 + 2.0**-8) + 2.0**-20
+# float32 value of every e4m3fn code (index = code byte).
+_E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
 
 
 class Fp8Codec:
@@ -226,16 +229,19 @@ class Fp8Codec:
     def encode_payload(self, tensor: torch.Tensor) -> bytes:
         if not tensor.is_floating_point():
             raise TypeError(f"codec fp8 needs a floating-point tensor, got {tensor.dtype}")
-        x = tensor.float()  # (T, W)
-        if not bool(torch.isfinite(x).all()):
+        x = tensor.to(torch.float32, copy=True)  # (T, W); modified in place below
+        # max |x| per column without materialising |x|; NaN propagates through amax.
+        col_max = torch.maximum(x.amax(dim=0), x.amin(dim=0).neg_())  # (W,)
+        if not bool(torch.isfinite(col_max).all()):
             raise ValueError("codec fp8 cannot encode non-finite values (NaN/inf in the tensor)")
-        col_max = x.abs().amax(dim=0)  # (W,)
         exps = torch.where(col_max > 0, torch.log2(col_max).round(), torch.zeros_like(col_max))
         exps = exps.clamp(-126, 126).to(torch.int8)  # (W,)
         x.mul_(torch.exp2(-exps.float()))  # exact: powers of two
-        row_max = x.abs().amax(dim=1)  # (T,)
+        row_max = torch.maximum(x.amax(dim=1), x.amin(dim=1).neg_())  # (T,)
         scales = torch.where(row_max > 0, row_max / E4M3_MAX, torch.ones_like(row_max))
-        x.div_(scales[:, None]).clamp_(-E4M3_MAX, E4M3_MAX)
+        # |x / s| <= 448 up to one float32 rounding, far below 464 where e4m3fn
+        # conversion would overflow to NaN, so no clamp is needed.
+        x.div_(scales[:, None])
         codes = x.to(torch.float8_e4m3fn).view(torch.uint8).numpy()  # (T, W)
         return (
             scales.numpy().astype("<f4").tobytes()
@@ -250,7 +256,8 @@ class Fp8Codec:
         scales = torch.from_numpy(np.frombuffer(payload[: 4 * rows], dtype="<f4").copy())
         exps = torch.from_numpy(np.frombuffer(payload[4 * rows : head], dtype=np.int8).copy())
         codes = _decompress(payload[head:], rows * cols, "fp8 frame").reshape(rows, cols)
-        q = torch.from_numpy(codes.copy()).view(torch.float8_e4m3fn).float()
+        # A 256-entry lookup table is ~4x faster than torch's fp8 -> float32 cast on CPU.
+        q = torch.from_numpy(np.take(_E4M3_VALUES, codes))  # (T, W) float32
         q.mul_(scales[:, None]).mul_(torch.exp2(exps.float()))
         return q.to(torch.bfloat16)
 

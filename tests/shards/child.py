@@ -16,12 +16,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for shards.helpers
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 
+import json  # noqa: E402
+
 from pipeline.shards.manifest import CommitConflict, Dataset  # noqa: E402
-from shards.helpers import provenance, sample, write_unit  # noqa: E402
+from pipeline.shards.schema import Provenance  # noqa: E402
+from pipeline.shards.writer import ShardInfo  # noqa: E402
 
 
 def main(cmd: str, root: str, unit: str, *rest: str) -> int:
     ds = Dataset.open(root)
+    if cmd in ("write-forever", "write-then-die"):
+        from shards.helpers import provenance, sample, write_unit  # imports torch
     if cmd == "write-forever":
         with ds.writer(unit, provenance(), row_group_bytes=1) as writer:  # a row group per row
             for i in range(10**6):
@@ -34,7 +39,9 @@ def main(cmd: str, root: str, unit: str, *rest: str) -> int:
         print("WRITTEN", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # dies between data and manifest
     elif cmd == "race":
-        info, _ = write_unit(ds, unit, 3)
+        fields = json.loads(unit)
+        fields["provenance"] = Provenance.from_dict(fields["provenance"])
+        info = ShardInfo(**fields)
         print("READY", flush=True)
         go = Path(rest[0])
         while not go.exists():

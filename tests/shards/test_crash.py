@@ -3,6 +3,8 @@ and two committer processes racing for the same version (local disk and loopback
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -86,7 +88,11 @@ def test_kill_between_data_and_manifest_then_resume(root):
 def test_two_committer_processes_race_for_one_version(root, tmp_path):
     ds, _ = _committed_v1(root)
     go = tmp_path / "go"
-    procs = [_spawn("race", root, unit, str(go)) for unit in ("unit-x", "unit-y")]
+    procs = []
+    for unit in ("unit-x", "unit-y"):
+        info, _ = write_unit(ds, unit, 3)
+        fields = {**dataclasses.asdict(info), "provenance": info.provenance.to_dict()}
+        procs.append(_spawn("race", root, json.dumps(fields), str(go)))
     for proc in procs:
         _wait_for(proc, "READY")
     go.touch()
