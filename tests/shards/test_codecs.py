@@ -118,3 +118,10 @@ def test_codecs_are_pluggable():
     assert torch.equal(_bits(codecs.decode(frame)), _bits(x))
     with pytest.raises(ValueError, match="1-7"):
         codecs.register_codec(type("C", (), {"name": "much-too-long"})())
+
+
+def test_fp8_leaves_a_float32_input_untouched():
+    x = activations(8, 16, seed=4).float()
+    before = x.clone()
+    codecs.encode(x, "fp8")
+    assert torch.equal(x, before)

@@ -103,3 +103,9 @@ def test_identity_key_tracks_what_defines_a_target():
     assert provenance(codec="fp8").identity_key() == base.identity_key()
     assert provenance(aux_layer_ids=(1, 5)).identity_key() != base.identity_key()
     assert provenance(target_revision="other").identity_key() != base.identity_key()
+
+
+def test_readme_describes_every_field_of_the_latest_version():
+    readme = (schemas.MANIFEST_SCHEMA_PATH.parent / "README.md").read_text()
+    for f in schemas.schema_module(schemas.LATEST).FIELDS:
+        assert f"| `{f.name}` |" in readme, f"schemas/README.md lacks field {f.name}"
