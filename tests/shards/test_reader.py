@@ -155,3 +155,22 @@ def test_duckdb_reads_the_manifest_files(local_two_units):
         [files, written[2].sample_id],
     ).fetchone()
     assert torch.equal(_bits(codecs.decode(bytes(blob))), _bits(written[2].hidden_states))
+
+
+def test_hf_datasets_loads_the_files_from_s3(s3_uri, moto_endpoint, tmp_path):
+    """Downstream repos: _latest -> manifest -> explicit file list, straight from S3."""
+    import datasets
+
+    ds = Dataset.open(s3_uri, endpoint_url=moto_endpoint)
+    info, written = write_unit(ds, "unit-a", 3)
+    ds.commit([info])
+    files = ShardReader(ds).parquet_files()
+    assert files == [f"{s3_uri}/shards/unit-a.parquet"]
+    dset = datasets.load_dataset(
+        "parquet",
+        data_files=files,
+        split="train",
+        storage_options=ds.storage.storage_options(),
+        cache_dir=str(tmp_path / "hf-cache"),
+    )
+    assert dset["sample_id"] == [s.sample_id for s in written]
