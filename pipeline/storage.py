@@ -376,7 +376,12 @@ class S3Storage:
             f.discard()  # aborts the multipart upload; nothing becomes visible
             f.closed = True
             raise
-        f.close()
+        try:
+            f.close()  # completes the upload: the object appears now
+        except BaseException:
+            with contextlib.suppress(Exception):
+                f.discard()  # do not leave a multipart upload behind
+            raise
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         def put() -> None:

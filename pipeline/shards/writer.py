@@ -234,11 +234,13 @@ class ShardWriter:
             if self._writer is None:
                 self._open()  # an empty unit still gets a (zero-row) shard
             self._writer.close()
-            self._ctx.__exit__(None, None, None)
         except BaseException:
             self.abort()
             raise
-        self._done = True
+        # Publish under the final name. If this fails the storage layer has
+        # already cleaned up (temp file removed / upload aborted): no retry here.
+        ctx, self._ctx, self._done = self._ctx, None, True
+        ctx.__exit__(None, None, None)
         self.info = ShardInfo(
             path=self.key,
             unit_id=self.unit_id,
