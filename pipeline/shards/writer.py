@@ -17,6 +17,7 @@ reader holds a bounded amount of memory whatever the sequence lengths are.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from pipeline.storage import Storage
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ROW_GROUP_BYTES = 64 << 20
 SHARD_PREFIX = "shards/"
@@ -251,6 +254,14 @@ class ShardWriter:
             codec=self.codec.name,
             schema_version=int(self.schema.metadata[b"dspark.schema_version"]),
             provenance=self.provenance,
+        )
+        log.info(
+            "shard written path=%s rows=%d tokens=%d bytes=%d codec=%s",
+            self.storage.url(self.key),
+            self.info.rows,
+            self.info.tokens,
+            self.info.bytes,
+            self.info.codec,
         )
         return self.info
 
