@@ -48,6 +48,9 @@ Sinks (``kv_connector_extra_config["capture_transport"]``)
 * ``"inprocess"``: chunks go to a module-level registry; only valid when the
   worker runs in the owner's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and a
   single worker). Zero file I/O.
+* ``"discard"``: rows are gathered and dropped (profiling only).
+
+The worker logs the time it spent in ``wait_for_save`` at shutdown.
 
 Per-request opt-in
 ------------------
@@ -74,7 +77,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import threading
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -164,29 +169,34 @@ def _take_inprocess(channel: str) -> list[CaptureChunk]:
 
 
 def _write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
-    name = f"{chunk.step:012d}-{writer_id}.pt"
+    """One pickle (protocol 5) per step: metadata + the rows' raw bytes."""
+    name = f"{chunk.step:012d}-{writer_id}.pkl"
     tmp = os.path.join(directory, f".{name}.tmp")
-    torch.save(
-        {
-            "step": chunk.step,
-            "keys": chunk.keys,
-            "starts": chunk.starts,
-            "lengths": chunk.lengths,
-            "rows": chunk.rows,
-        },
-        tmp,
+    rows = chunk.rows.contiguous()
+    payload = (
+        chunk.step,
+        chunk.keys,
+        chunk.starts,
+        chunk.lengths,
+        str(rows.dtype).removeprefix("torch."),
+        tuple(rows.shape),
+        rows.view(torch.uint8).numpy(),
     )
+    with open(tmp, "wb") as f:
+        pickle.dump(payload, f, protocol=5)
     os.replace(tmp, os.path.join(directory, name))
 
 
 def _read_spool(directory: str) -> list[CaptureChunk]:
-    names = sorted(n for n in os.listdir(directory) if n.endswith(".pt") and not n.startswith("."))
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".pkl") and not n.startswith("."))
     chunks = []
     for name in names:
         path = os.path.join(directory, name)
-        d = torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:
+            step, keys, starts, lengths, dtype, shape, raw = pickle.load(f)
         os.remove(path)
-        chunks.append(CaptureChunk(d["step"], d["keys"], d["starts"], d["lengths"], d["rows"]))
+        rows = torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+        chunks.append(CaptureChunk(step, keys, starts, lengths, rows))
     return chunks
 
 
@@ -216,6 +226,8 @@ def kv_transfer_config(
         extra["capture_dir"] = capture_dir
     elif transport == "inprocess":
         extra["capture_channel"] = capture_dir or uuid.uuid4().hex
+    elif transport == "discard":
+        pass
     else:
         raise ValueError(f"unknown capture transport {transport!r}")
     return {
@@ -329,7 +341,7 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
             if not self._capture_dir:
                 raise ValueError("capture_transport 'spool' needs capture_dir")
             os.makedirs(self._capture_dir, exist_ok=True)
-        elif self._transport != "inprocess":
+        elif self._transport not in ("inprocess", "discard"):
             raise ValueError(f"unknown capture_transport {self._transport!r}")
 
         # Scheduler side.
@@ -344,6 +356,9 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         self._cache: torch.Tensor | None = None
         self._writes = True  # TP rank 0 only; set in register_kv_caches
         self._writer_id = f"{os.getpid()}"
+        self._save_s = 0.0
+        self._save_steps = 0
+        self._save_rows = 0
 
     # ---------------------------------------------------------------- helpers
     @staticmethod
@@ -479,6 +494,7 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._get_connector_metadata()
         if not isinstance(meta, CaptureMetadata) or not meta.spans:
             return
+        t0 = time.perf_counter()
         bs = self._block_size
         slot_lists = []
         for span in meta.spans:
@@ -496,8 +512,19 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         )
         if self._transport == "spool":
             _write_spool(self._capture_dir, self._writer_id, chunk)
-        else:
+        elif self._transport == "inprocess":
             _put_inprocess(self._channel, chunk)
+        self._save_s += time.perf_counter() - t0
+        self._save_steps += 1
+        self._save_rows += rows.shape[0]
+
+    def shutdown(self) -> None:
+        if self._role == KVConnectorRole.WORKER and self._save_steps:
+            logger.info(
+                "%s: %d steps, %d rows, %.3f s in wait_for_save (%.2f ms/step)",
+                CONNECTOR_NAME, self._save_steps, self._save_rows, self._save_s,
+                1e3 * self._save_s / self._save_steps,
+            )
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:

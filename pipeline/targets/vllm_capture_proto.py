@@ -95,7 +95,7 @@ def engine_kwargs(dtype: str, capture: bool, capture_cfg: dict | None = None) ->
     return kw
 
 
-def generate(llm, prompts, max_tokens: int, capture: bool, keys=None):
+def generate(llm, prompts, max_tokens: int, capture: bool, keys=None, ignore_eos: bool = False):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -105,7 +105,7 @@ def generate(llm, prompts, max_tokens: int, capture: bool, keys=None):
     for i, _ in enumerate(prompts):
         extra = cc.capture_params(keys[i]) if capture else None
         params.append(
-            SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra, ignore_eos=False)
+            SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra, ignore_eos=ignore_eos)
         )
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return outs
@@ -275,19 +275,23 @@ def cmd_bench(args) -> None:
     if capture:
         spool = tempfile.mkdtemp(prefix="capture-", dir="/dev/shm")
         cfg = cc.kv_transfer_config(spool if args.transport == "spool" else None, args.transport)
-    llm = LLM(**engine_kwargs(args.dtype, capture, cfg))
+    llm = LLM(**engine_kwargs(args.dtype, capture, cfg), disable_log_stats=False)
     keys = [f"s{i}" for i in range(len(prompts))]
     generate(llm, prompts[:4], 8, capture, keys)  # warm-up
-    if capture:
+    if capture and args.transport != "discard":
         cc.CaptureReader(cfg).collect()
-    from vllm import SamplingParams  # noqa: F401
-
-    t0 = time.time()
-    outs = generate(llm, prompts, args.max_tokens, capture, keys)
-    t_gen = time.time() - t0
-    t0 = time.time()
-    rows = cc.CaptureReader(cfg).collect() if capture else {}
-    t_col = time.time() - t0
+    best = None
+    for _ in range(args.repeats):  # best of N: the machine is shared
+        t0 = time.time()
+        outs = generate(llm, prompts, args.max_tokens, capture, keys, ignore_eos=True)
+        t_gen = time.time() - t0
+        t0 = time.time()
+        rows = cc.CaptureReader(cfg).collect() if capture and args.transport != "discard" else {}
+        t_col = time.time() - t0
+        if best is None or t_gen + t_col < best[0] + best[1]:
+            best = (t_gen, t_col)
+    t_gen, t_col = best
+    spec = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if "spec_decode" in m.name}
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     print(json.dumps({
         "mode": args.mode, "transport": args.transport if capture else None, "dtype": args.dtype,
@@ -295,6 +299,7 @@ def cmd_bench(args) -> None:
         "collect_s": round(t_col, 3), "gen_tok_per_s": round(n / t_gen, 1),
         "end_to_end_tok_per_s": round(n / (t_gen + t_col), 1),
         "captured_MB": round(sum(r.numel() * r.element_size() for r in rows.values()) / 1e6, 2),
+        "spec_decode_metrics": spec,
     }))
 
 
@@ -302,10 +307,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("cmd", choices=["build", "capture", "plain", "verify", "ray", "bench"])
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--transport", default="spool", choices=["spool", "inprocess"])
+    p.add_argument("--transport", default="spool", choices=["spool", "inprocess", "discard"])
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--mode", default="capture", choices=["capture", "plain"])
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     os.makedirs(WORK, exist_ok=True)
     if args.transport == "inprocess" and args.cmd != "ray":
