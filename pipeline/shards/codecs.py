@@ -163,11 +163,15 @@ def _decompress(payload: memoryview | bytes, size: int, what: str) -> np.ndarray
 
 
 class Bf16Codec:
-    """Lossless: high bytes then low bytes of every bf16 value, one zstd frame.
+    """Lossless: the high-byte plane and the low-byte plane, each its own zstd frame.
 
     The high byte (sign + 7 exponent bits) of activations has ~2.8 bits of
     entropy, the low byte (1 exponent + 7 mantissa bits) ~8; splitting lets
-    zstd's Huffman coder see the skew. Round trip is bit-exact (NaN payloads too).
+    zstd's Huffman coder see the skew. Separate frames matter for short
+    samples: in one frame, a tensor under 64 KiB of values puts both planes in
+    one 128 KiB block with one Huffman table, and the skew is lost (measured on
+    the toy target: 0.78 of raw instead of 0.68). Round trip is bit-exact (NaN
+    payloads too). Payload: u32 LE length of the high frame | high frame | low frame.
     """
 
     name = "bf16"
@@ -181,17 +185,26 @@ class Bf16Codec:
             )
         bits = _bf16_bits(tensor).reshape(-1)
         n = bits.size
-        planes = np.empty(2 * n, dtype=np.uint8)
-        np.right_shift(bits, 8, out=planes[:n], casting="unsafe")  # high bytes
-        np.copyto(planes[n:], bits, casting="unsafe")  # low bytes (truncating cast)
-        return _compressor().compress(planes)
+        high = np.empty(n, dtype=np.uint8)
+        low = np.empty(n, dtype=np.uint8)
+        np.right_shift(bits, 8, out=high, casting="unsafe")
+        np.copyto(low, bits, casting="unsafe")  # truncating cast keeps the low byte
+        compressor = _compressor()
+        high_frame = compressor.compress(high)
+        return struct.pack("<I", len(high_frame)) + high_frame + compressor.compress(low)
 
     def decode_payload(self, payload: memoryview, rows: int, cols: int) -> torch.Tensor:
         n = rows * cols
-        planes = _decompress(payload, 2 * n, "bf16 frame")
-        bits = planes[:n].astype(np.uint16)
+        if len(payload) < 4:
+            raise CodecError(f"bf16 frame payload of {len(payload)} bytes is truncated")
+        (high_len,) = struct.unpack_from("<I", payload)
+        if 4 + high_len > len(payload):
+            raise CodecError(f"bf16 frame: high plane of {high_len} bytes overruns the payload")
+        high = _decompress(payload[4 : 4 + high_len], n, "bf16 frame, high plane")
+        low = _decompress(payload[4 + high_len :], n, "bf16 frame, low plane")
+        bits = high.astype(np.uint16)
         bits <<= 8
-        bits |= planes[n:]
+        bits |= low
         return _from_bits(bits.reshape(rows, cols))
 
 
