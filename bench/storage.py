@@ -436,8 +436,9 @@ def _write_markdown(codec, alternatives, files, toy_files, toy, load, repeats) -
             "",
             *_table(toy_files, ["ratio", "bytes_per_token", "write_MBps", "read_MBps"]),
             "",
-            "The toy target is tiny (hidden size 128), so per-sample overhead (Parquet "
-            "metadata, frame headers, fp8 scales) weighs more than at real sizes.",
+            "The toy target is tiny (hidden size 128, ~70 tokens per sample), so fixed costs "
+            "per sample and per file (Parquet metadata, frame headers, fp8 scales, one fsync per "
+            "safetensors file) weigh more than at real sizes; its MB/s mostly measure those.",
             "",
         ]
     else:

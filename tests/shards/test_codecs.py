@@ -30,10 +30,12 @@ def test_bf16_round_trip_on_activations(shape):
     assert torch.equal(_bits(codecs.decode(codecs.encode(x, "bf16"))), _bits(x))
 
 
-def test_bf16_compresses_activations_below_raw():
-    x = activations(512, 1024, seed=0)
+@pytest.mark.parametrize("shape", [(512, 1024), (50, 256)])
+def test_bf16_compresses_activations_below_raw(shape):
+    # (50, 256) is a short sample: both planes would share one zstd block.
+    x = activations(*shape, seed=0)
     frame = codecs.encode(x, "bf16")
-    assert len(frame) < 0.75 * x.numel() * 2
+    assert len(frame) < 0.72 * x.numel() * 2
 
 
 def test_bf16_refuses_float32_instead_of_rounding_silently():
