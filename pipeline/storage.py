@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class Storage(Protocol):
     def put_if_match(self, key: str, data: bytes, tag: str | None) -> None: ...
     def delete(self, key: str) -> None: ...
     def storage_options(self) -> dict: ...
+    def arrow_filesystem(self) -> tuple[Any, str]: ...
 
 
 def _check_key(key: str) -> str:
@@ -288,6 +289,12 @@ class LocalStorage:
     def storage_options(self) -> dict:
         return {}
 
+    def arrow_filesystem(self) -> tuple[Any, str]:
+        """(pyarrow filesystem, root path in it), for pyarrow readers of the shards."""
+        from pyarrow import fs as pafs
+
+        return pafs.LocalFileSystem(), str(self.root)
+
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -439,6 +446,18 @@ class S3Storage:
     def storage_options(self) -> dict:
         """fsspec options for other readers (datasets, pandas): the endpoint only."""
         return {"client_kwargs": {"endpoint_url": self.endpoint_url}} if self.endpoint_url else {}
+
+    def arrow_filesystem(self) -> tuple[Any, str]:
+        """(pyarrow S3FileSystem with this endpoint, "bucket/prefix"); keys from the environment."""
+        from urllib.parse import urlparse
+
+        from pyarrow import fs as pafs
+
+        kwargs: dict[str, Any] = {}
+        if self.endpoint_url:
+            url = urlparse(self.endpoint_url)
+            kwargs = {"endpoint_override": url.netloc, "scheme": url.scheme or "https"}
+        return pafs.S3FileSystem(**kwargs), f"{self.bucket}/{self.prefix}".rstrip("/")
 
 
 def _precondition(err: BaseException) -> bool:

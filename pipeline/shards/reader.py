@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -138,6 +139,11 @@ class ShardReader:
     def parquet_files(self) -> list[str]:
         """URLs of this version's shards (all ranks), for datasets/pyarrow/DuckDB."""
         return [self.dataset.shard_url(e) for e in self.manifest.shards]
+
+    def arrow_files(self) -> tuple[Any, list[str]]:
+        """(pyarrow filesystem, paths) of this version's shards, for `pq.ParquetDataset`."""
+        filesystem, base = self.dataset.storage.arrow_filesystem()
+        return filesystem, [f"{base}/{e.path}" for e in self.manifest.shards]
 
     def __len__(self) -> int:
         """Rows in this rank's shards (before the domain filter)."""

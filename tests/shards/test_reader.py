@@ -174,3 +174,16 @@ def test_hf_datasets_loads_the_files_from_s3(s3_uri, moto_endpoint, tmp_path):
         cache_dir=str(tmp_path / "hf-cache"),
     )
     assert dset["sample_id"] == [s.sample_id for s in written]
+
+
+def test_pyarrow_reads_the_manifest_files_on_either_storage(root):
+    ds = Dataset.open(root)
+    info, written = write_unit(ds, "unit-a", 3)
+    ds.commit([info])
+    filesystem, paths = ShardReader(root).arrow_files()
+    table = pq.ParquetDataset(paths, filesystem=filesystem).read(
+        columns=["sample_id", "hidden_states"]
+    )
+    assert table.column("sample_id").to_pylist() == [s.sample_id for s in written]
+    frame = table.column("hidden_states")[1].as_py()
+    assert torch.equal(_bits(codecs.decode(frame)), _bits(written[1].hidden_states))
