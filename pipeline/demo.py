@@ -34,7 +34,9 @@ def pick_demo_conversations(conversations: list[dict], count: int) -> list[dict]
     return picked
 
 
-def run_demo(out_dir: Path, num_conversations: int = 6, config_path: Path = DEFAULT_CONFIG) -> list[dict]:
+def run_demo(
+    out_dir: Path, num_conversations: int = 6, config_path: Path = DEFAULT_CONFIG
+) -> list[dict]:
     import ray
     from rich.console import Console
     from rich.table import Table
@@ -71,7 +73,9 @@ def run_demo(out_dir: Path, num_conversations: int = 6, config_path: Path = DEFA
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     conversations = pick_demo_conversations(list(generate(spec)), num_conversations)
     requests = [
-        GenerationRequest(request_id=c["id"], prompt_ids=render_prompt(tokenizer, first_prompt(c["messages"])))
+        GenerationRequest(
+            request_id=c["id"], prompt_ids=render_prompt(tokenizer, first_prompt(c["messages"]))
+        )
         for c in conversations
     ]
     init_ray(config.ray)
@@ -94,13 +98,24 @@ def run_demo(out_dir: Path, num_conversations: int = 6, config_path: Path = DEFA
         answer = tokenizer.decode(gen.output_ids, skip_special_tokens=True)
         reference = next(m["content"] for m in conv["messages"] if m["role"] == "assistant")
         table.add_row(conv["domain"], prompt, answer, reference)
-        rows.append({"domain": conv["domain"], "prompt": prompt, "answer": answer,
-                     "reference": reference, "finish_reason": gen.finish_reason})
+        rows.append(
+            {
+                "domain": conv["domain"],
+                "prompt": prompt,
+                "answer": answer,
+                "reference": reference,
+                "finish_reason": gen.finish_reason,
+            }
+        )
     console.print(table)
     num_tokens = sum(len(g.output_ids) for g in generations)
     log.info(
         "demo done %s",
-        kv(conversations=len(rows), generated_tokens=num_tokens,
-           generate_s=round(gen_seconds, 2), total_s=round(time.monotonic() - started, 1)),
+        kv(
+            conversations=len(rows),
+            generated_tokens=num_tokens,
+            generate_s=round(gen_seconds, 2),
+            total_s=round(time.monotonic() - started, 1),
+        ),
     )
     return rows

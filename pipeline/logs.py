@@ -23,7 +23,8 @@ def setup_logging(verbose: bool = False) -> None:
     if not verbose:
         for name in _NOISY:
             logging.getLogger(name).setLevel(logging.WARNING)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # vLLM's CPU build warns at every start about Triton and oneDNN fallbacks.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 

@@ -11,7 +11,11 @@ def describe_resources(config: PipelineConfig) -> str:
     if rep.placement is not None:
         p = rep.placement
         per = ", ".join(f"{k}={v:g}" for k, v in p.bundle.items())
-        sel = f", bundles pinned by labels {p.bundle_label_selector}" if p.bundle_label_selector else ""
+        sel = (
+            f", bundles pinned by labels {p.bundle_label_selector}"
+            if p.bundle_label_selector
+            else ""
+        )
         lines.append(
             f"replicas: {rep.num_replicas} x placement group of {p.num_bundles} bundles "
             f"({per}) {p.strategy}{sel}"

@@ -26,7 +26,9 @@ def test_unbuilt_commands_say_so_and_exit_2():
 
 
 def test_plan_prints_resolved_config_and_resources():
-    result = CliRunner().invoke(cli, ["plan", "--config", str(ROOT / "jobs/configs/moe-2p8t-gb300.yaml")])
+    result = CliRunner().invoke(
+        cli, ["plan", "--config", str(ROOT / "jobs/configs/moe-2p8t-gb300.yaml")]
+    )
     assert result.exit_code == 0, result.output
     assert "tensor_parallel_size: 72" in result.output
     assert "4 x placement group of 72 bundles" in result.output
@@ -42,6 +44,8 @@ def test_bad_config_is_one_line_error_exit_1(tmp_path):
 
 
 def test_corpus_command_writes_files(tmp_path):
-    result = CliRunner().invoke(cli, ["corpus", "--out", str(tmp_path), "--num-conversations", "12"])
+    result = CliRunner().invoke(
+        cli, ["corpus", "--out", str(tmp_path), "--num-conversations", "12"]
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "corpus.jsonl").read_text().count("\n") == 12

@@ -62,7 +62,9 @@ def test_unknown_key_is_rejected_as_typo(tmp_path):
 
 
 def test_missing_required_key(tmp_path):
-    path = _write(tmp_path, "target: {model: toy:random}\ncorpus: {synthetic: {num_conversations: 4}}\n")
+    path = _write(
+        tmp_path, "target: {model: toy:random}\ncorpus: {synthetic: {num_conversations: 4}}\n"
+    )
     with pytest.raises(ConfigError, match=r"output: required key is missing"):
         load_config(path)
 

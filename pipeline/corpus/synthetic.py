@@ -176,35 +176,101 @@ def _math(rng: random.Random, num_turns: int) -> Turns:
 
 
 _CODE_TASKS: tuple[tuple[str, str, Callable[[str, str], list[str]]], ...] = (
-    ("returns the sum of a list of numbers", "total", lambda f, a: [
-        f"def {f}({a}):", f'    """Return the sum of {a}."""', "    result = 0",
-        f"    for x in {a}:", "        result += x", "    return result"]),
-    ("returns the largest number in a list", "largest", lambda f, a: [
-        f"def {f}({a}):", f'    """Return the largest item of {a}."""', f"    best = {a}[0]",
-        f"    for x in {a}[1:]:", "        if x > best:", "            best = x", "    return best"]),
-    ("reverses a string", "reverse", lambda f, a: [
-        f"def {f}({a}):", f'    """Return {a} reversed."""', f"    return {a}[::-1]"]),
-    ("counts the vowels in a string", "count_vowels", lambda f, a: [
-        f"def {f}({a}):", f'    """Count the vowels in {a}."""', "    count = 0",
-        f"    for ch in {a}.lower():", '        if ch in "aeiou":', "            count += 1",
-        "    return count"]),
-    ("checks whether a number is even", "is_even", lambda f, a: [
-        f"def {f}({a}):", f'    """Return True if {a} is even."""', f"    return {a} % 2 == 0"]),
-    ("computes the factorial of n", "factorial", lambda f, a: [
-        f"def {f}({a}):", f'    """Return {a}! for {a} >= 0."""', "    result = 1",
-        f"    for i in range(2, {a} + 1):", "        result *= i", "    return result"]),
-    ("keeps only the positive numbers of a list", "positives", lambda f, a: [
-        f"def {f}({a}):", f'    """Return the items of {a} that are > 0."""',
-        f"    return [x for x in {a} if x > 0]"]),
-    ("returns the average of a list of numbers", "average", lambda f, a: [
-        f"def {f}({a}):", f'    """Return the mean of {a}."""', f"    if not {a}:",
-        "        return 0.0", f"    return sum({a}) / len({a})"]),
+    (
+        "returns the sum of a list of numbers",
+        "total",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Return the sum of {a}."""',
+            "    result = 0",
+            f"    for x in {a}:",
+            "        result += x",
+            "    return result",
+        ],
+    ),
+    (
+        "returns the largest number in a list",
+        "largest",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Return the largest item of {a}."""',
+            f"    best = {a}[0]",
+            f"    for x in {a}[1:]:",
+            "        if x > best:",
+            "            best = x",
+            "    return best",
+        ],
+    ),
+    (
+        "reverses a string",
+        "reverse",
+        lambda f, a: [f"def {f}({a}):", f'    """Return {a} reversed."""', f"    return {a}[::-1]"],
+    ),
+    (
+        "counts the vowels in a string",
+        "count_vowels",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Count the vowels in {a}."""',
+            "    count = 0",
+            f"    for ch in {a}.lower():",
+            '        if ch in "aeiou":',
+            "            count += 1",
+            "    return count",
+        ],
+    ),
+    (
+        "checks whether a number is even",
+        "is_even",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Return True if {a} is even."""',
+            f"    return {a} % 2 == 0",
+        ],
+    ),
+    (
+        "computes the factorial of n",
+        "factorial",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Return {a}! for {a} >= 0."""',
+            "    result = 1",
+            f"    for i in range(2, {a} + 1):",
+            "        result *= i",
+            "    return result",
+        ],
+    ),
+    (
+        "keeps only the positive numbers of a list",
+        "positives",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Return the items of {a} that are > 0."""',
+            f"    return [x for x in {a} if x > 0]",
+        ],
+    ),
+    (
+        "returns the average of a list of numbers",
+        "average",
+        lambda f, a: [
+            f"def {f}({a}):",
+            f'    """Return the mean of {a}."""',
+            f"    if not {a}:",
+            "        return 0.0",
+            f"    return sum({a}) / len({a})",
+        ],
+    ),
 )
 _ARG_NAMES = ("values", "items", "numbers", "data", "xs", "text", "word", "n", "value")
 _TEST_INPUTS = {
-    "total": ("[1, 2, 3]", "6"), "largest": ("[4, 9, 2]", "9"), "reverse": ('"abc"', '"cba"'),
-    "count_vowels": ('"banana"', "3"), "is_even": ("4", "True"), "factorial": ("5", "120"),
-    "positives": ("[-1, 2, 3]", "[2, 3]"), "average": ("[2, 4]", "3.0"),
+    "total": ("[1, 2, 3]", "6"),
+    "largest": ("[4, 9, 2]", "9"),
+    "reverse": ('"abc"', '"cba"'),
+    "count_vowels": ('"banana"', "3"),
+    "is_even": ("4", "True"),
+    "factorial": ("5", "120"),
+    "positives": ("[-1, 2, 3]", "[2, 3]"),
+    "average": ("[2, 4]", "3.0"),
 }
 
 
@@ -213,17 +279,34 @@ def _code(rng: random.Random, num_turns: int) -> Turns:
     func = rng.choice([base, f"{base}_of", f"get_{base}", f"compute_{base}"])
     arg = rng.choice(_ARG_NAMES)
     lang = rng.choice(["Python", "a Python function"])
-    prompt = rng.choice([
-        f"Write {lang} that {task}.",
-        f"Please write a function called {func} that {task}.",
-        f"I need code that {task}. Call it {func}.",
-    ])
+    prompt = rng.choice(
+        [
+            f"Write {lang} that {task}.",
+            f"Please write a function called {func} that {task}.",
+            f"I need code that {task}. Call it {func}.",
+        ]
+    )
     code = "\n".join(body(func, arg))
     turns = [(prompt, f"Here is the function:\n```python\n{code}\n```")]
     follow_ups = [
-        ("Now add a test for it.", lambda: "```python\n" + f"assert {func}({_TEST_INPUTS[base][0]}) == {_TEST_INPUTS[base][1]}" + "\n```"),
-        ("Explain how it works.", lambda: f"The function {func} takes {arg} and {task}. It returns the result to the caller."),
-        (f"Rename the argument to {arg}_in.", lambda: "```python\n" + "\n".join(body(func, f"{arg}_in")) + "\n```"),
+        (
+            "Now add a test for it.",
+            lambda: (
+                "```python\n"
+                + f"assert {func}({_TEST_INPUTS[base][0]}) == {_TEST_INPUTS[base][1]}"
+                + "\n```"
+            ),
+        ),
+        (
+            "Explain how it works.",
+            lambda: (
+                f"The function {func} takes {arg} and {task}. It returns the result to the caller."
+            ),
+        ),
+        (
+            f"Rename the argument to {arg}_in.",
+            lambda: "```python\n" + "\n".join(body(func, f"{arg}_in")) + "\n```",
+        ),
     ]
     for user, answer in rng.sample(follow_ups, k=min(num_turns - 1, len(follow_ups))):
         turns.append((user, answer()))
@@ -237,10 +320,19 @@ def _toy_sentence(rng: random.Random) -> tuple[str, str]:
     verb = rng.choice(TOY_VERBS)
     adj_s = rng.choice(TOY_ADJS) if rng.random() < 0.5 else None
     adj_o = rng.choice(TOY_ADJS) if rng.random() < 0.5 else None
-    eng = ["the"] + ([adj_s] if adj_s else []) + [subj, verb, "the"] + ([adj_o] if adj_o else []) + [obj]
+    eng = (
+        ["the"]
+        + ([adj_s] if adj_s else [])
+        + [subj, verb, "the"]
+        + ([adj_o] if adj_o else [])
+        + [obj]
+    )
     toy = (
-        [lex["the"], lex[subj]] + ([lex[adj_s]] if adj_s else [])
-        + [lex["the"], lex[obj]] + ([lex[adj_o]] if adj_o else []) + [lex[verb]]
+        [lex["the"], lex[subj]]
+        + ([lex[adj_s]] if adj_s else [])
+        + [lex["the"], lex[obj]]
+        + ([lex[adj_o]] if adj_o else [])
+        + [lex[verb]]
     )
     return " ".join(eng).capitalize() + ".", " ".join(toy).capitalize() + "."
 
@@ -252,7 +344,11 @@ def _translation(rng: random.Random, num_turns: int) -> Turns:
         eng, toy = _toy_sentence(rng)
         to_toy = rng.random() < 0.6
         if i == 0:
-            user = (f"Translate into {tongue}: {eng}" if to_toy else f"Translate from {tongue} into English: {toy}")
+            user = (
+                f"Translate into {tongue}: {eng}"
+                if to_toy
+                else f"Translate from {tongue} into English: {toy}"
+            )
         else:
             user = f"And this one: {eng if to_toy else toy}"
         answer = f"In {tongue}: {toy}" if to_toy else f"In English: {eng}"
@@ -264,7 +360,10 @@ _QA_FIELDS: tuple[tuple[str, Callable[[Country], str]], ...] = (
     ("What is the capital of {c}?", lambda c: f"The capital of {c.name} is {c.capital}."),
     ("Which river flows through {c}?", lambda c: f"The river {c.river} flows through {c.name}."),
     ("What language is spoken in {c}?", lambda c: f"People in {c.name} speak {c.language}."),
-    ("How many people live in {c}?", lambda c: f"About {c.population_millions} million people live in {c.name}."),
+    (
+        "How many people live in {c}?",
+        lambda c: f"About {c.population_millions} million people live in {c.name}.",
+    ),
     ("When was {c} founded?", lambda c: f"{c.name} was founded in {c.founded}."),
     ("What does {c} export?", lambda c: f"{c.name} is known for exporting {c.export}."),
 )
@@ -280,12 +379,26 @@ def _qa(rng: random.Random, num_turns: int) -> Turns:
     return turns
 
 
-_EVENTS = ("opened a bakery", "won a chess match", "planted a garden", "built a bridge",
-           "wrote a song", "found a lost dog", "painted a mural", "repaired a clock")
-_FILLER = ("The weather was mild that day.", "Many neighbours came to watch.",
-           "It had rained the night before.", "Children played near the square.",
-           "A local band was practising nearby.", "The market was busy as usual.",
-           "Nobody expected it to take so long.", "Later, everyone went home.")
+_EVENTS = (
+    "opened a bakery",
+    "won a chess match",
+    "planted a garden",
+    "built a bridge",
+    "wrote a song",
+    "found a lost dog",
+    "painted a mural",
+    "repaired a clock",
+)
+_FILLER = (
+    "The weather was mild that day.",
+    "Many neighbours came to watch.",
+    "It had rained the night before.",
+    "Children played near the square.",
+    "A local band was practising nearby.",
+    "The market was busy as usual.",
+    "Nobody expected it to take so long.",
+    "Later, everyone went home.",
+)
 _DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
 
 
@@ -299,7 +412,12 @@ def _summarisation(rng: random.Random, num_turns: int) -> Turns:
     sentences = filler[:]
     sentences.insert(rng.randint(0, len(sentences)), key)
     passage = " ".join(sentences)
-    turns = [(f"Summarize this in one sentence: {passage}", f"Summary: {who} {event} in {place} on {day}.")]
+    turns = [
+        (
+            f"Summarize this in one sentence: {passage}",
+            f"Summary: {who} {event} in {place} on {day}.",
+        )
+    ]
     if num_turns > 1:
         turns.append(("Who was it about?", f"It was about {who}."))
     if num_turns > 2:
@@ -307,20 +425,49 @@ def _summarisation(rng: random.Random, num_turns: int) -> Turns:
     return turns
 
 
-_CHAT_OPENERS = ("Hi!", "Hello there.", "Good morning!", "Hey, how are you?", "I am bored.",
-                 "Can you recommend something to do?", "What should I cook tonight?",
-                 "Tell me something nice.", "I had a long day.")
-_CHAT_TOPICS = ("a walk in the park", "a new book", "a warm soup", "a short nap", "calling a friend",
-                "a puzzle", "some music", "a cup of tea", "drawing", "a board game")
-_CHAT_MOODS = ("That sounds lovely.", "I hope you enjoy it.", "It might help you relax.",
-               "Many people like that.", "Let me know how it goes.", "Take your time.")
+_CHAT_OPENERS = (
+    "Hi!",
+    "Hello there.",
+    "Good morning!",
+    "Hey, how are you?",
+    "I am bored.",
+    "Can you recommend something to do?",
+    "What should I cook tonight?",
+    "Tell me something nice.",
+    "I had a long day.",
+)
+_CHAT_TOPICS = (
+    "a walk in the park",
+    "a new book",
+    "a warm soup",
+    "a short nap",
+    "calling a friend",
+    "a puzzle",
+    "some music",
+    "a cup of tea",
+    "drawing",
+    "a board game",
+)
+_CHAT_MOODS = (
+    "That sounds lovely.",
+    "I hope you enjoy it.",
+    "It might help you relax.",
+    "Many people like that.",
+    "Let me know how it goes.",
+    "Take your time.",
+)
 
 
 def _chat(rng: random.Random, num_turns: int) -> Turns:
     turns: Turns = []
     for i in range(num_turns):
-        user = rng.choice(_CHAT_OPENERS) if i == 0 else rng.choice(
-            ["Thanks!", "Any other idea?", "Why?", "Okay, what else?", "That is nice."])
+        user = (
+            rng.choice(_CHAT_OPENERS)
+            if i == 0
+            else rng.choice(
+                ["Thanks!", "Any other idea?", "Why?", "Okay, what else?", "That is nice."]
+            )
+        )
         parts = [rng.choice(["Sure!", "Of course.", "Happy to help.", "Hello!", "Good question."])]
         first, second = rng.sample(_CHAT_TOPICS, 2)
         parts.append(f"How about {first}?")
@@ -398,10 +545,19 @@ def write_corpus(spec: SyntheticSpec, out_dir: str | Path) -> list[Path]:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(jsonl)
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
-    schema = pa.schema([("id", pa.string()), ("domain", pa.string()), ("messages", pa.list_(message))])
+    schema = pa.schema(
+        [("id", pa.string()), ("domain", pa.string()), ("messages", pa.list_(message))]
+    )
     table = pa.Table.from_pylist(rows, schema=schema).replace_schema_metadata(
-        {"dspark.corpus": json.dumps({"generator": "synthetic", "seed": spec.seed,
-                                      "num_conversations": spec.num_conversations})}
+        {
+            "dspark.corpus": json.dumps(
+                {
+                    "generator": "synthetic",
+                    "seed": spec.seed,
+                    "num_conversations": spec.num_conversations,
+                }
+            )
+        }
     )
     parquet = out / "corpus.parquet"
     pq.write_table(table, parquet.with_suffix(".parquet.tmp"), compression="zstd")

@@ -76,7 +76,12 @@ class ToyTargetSpec:
 
 TOY_TARGETS: dict[str, ToyTargetSpec] = {
     "random": ToyTargetSpec(
-        hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        intermediate_size=128,
     ),
     # Sized to train in under five minutes on two CPU cores (~1 s per 4k-token step).
     "trained": ToyTargetSpec(
@@ -89,7 +94,12 @@ TOY_TARGETS: dict[str, ToyTargetSpec] = {
         train=ToyTrainSpec(),
     ),
     "large": ToyTargetSpec(
-        hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64, intermediate_size=1536
+        hidden_size=512,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        intermediate_size=1536,
     ),
 }
 

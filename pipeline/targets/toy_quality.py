@@ -71,7 +71,9 @@ def quality_report(model_dir: str | Path, num_prompts_per_domain: int = 3) -> di
     for conv in convs:
         if len(picked[conv["domain"]]) < num_prompts_per_domain:
             picked[conv["domain"]].append(conv)
-    target = HFTarget(TargetConfig(model=str(model_dir), backend="hf", dtype="float32"), str(model_dir))
+    target = HFTarget(
+        TargetConfig(model=str(model_dir), backend="hf", dtype="float32"), str(model_dir)
+    )
     requests = [
         GenerationRequest(c["id"], render_prompt(tokenizer, first_prompt(c["messages"])))
         for cs in picked.values()

@@ -67,10 +67,14 @@ def train_toy(model, tokenizer, spec) -> dict:
     from pipeline.corpus.synthetic import SyntheticSpec, generate
 
     torch.manual_seed(spec.seed)
-    corpus = generate(SyntheticSpec(num_conversations=spec.num_conversations, seed=spec.corpus_seed))
+    corpus = generate(
+        SyntheticSpec(num_conversations=spec.num_conversations, seed=spec.corpus_seed)
+    )
     windows = packed_windows(render_ids(tokenizer, corpus), tokenizer.pad_token_id, spec.seq_len)
     heldout = packed_windows(
-        render_ids(tokenizer, generate(SyntheticSpec(num_conversations=200, seed=spec.corpus_seed + 1))),
+        render_ids(
+            tokenizer, generate(SyntheticSpec(num_conversations=200, seed=spec.corpus_seed + 1))
+        ),
         tokenizer.pad_token_id,
         spec.seq_len,
     )
@@ -109,7 +113,13 @@ def train_toy(model, tokenizer, spec) -> dict:
             eta = elapsed / (step + 1) * (spec.num_steps - step - 1)
             log.info(
                 "toy training %s",
-                kv(step=step, loss=round(loss.item(), 4), lr=lr_at(step), elapsed_s=round(elapsed), eta_s=round(eta)),
+                kv(
+                    step=step,
+                    loss=round(loss.item(), 4),
+                    lr=lr_at(step),
+                    elapsed_s=round(elapsed),
+                    eta_s=round(eta),
+                ),
             )
     report = {
         "train_windows": len(windows),

@@ -4,7 +4,13 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.corpus.synthetic import DOMAINS, SyntheticSpec, conversation_id, generate, write_corpus
+from pipeline.corpus.synthetic import (
+    DOMAINS,
+    SyntheticSpec,
+    conversation_id,
+    generate,
+    write_corpus,
+)
 
 
 def test_same_seed_same_conversations_byte_for_byte():
@@ -63,7 +69,7 @@ def test_translation_is_consistent_across_conversations():
     seen: dict[str, str] = {}
     for conv in generate(SyntheticSpec(num_conversations=600, seed=0, domains=("translation",))):
         msgs = conv["messages"]
-        for user, answer in zip(msgs, msgs[1:]):
+        for user, answer in zip(msgs, msgs[1:], strict=False):
             if user["role"] == "user" and "Translate into" in user["content"]:
                 eng = user["content"].split(": ", 1)[1]
                 toy = answer["content"].split(": ", 1)[1]

@@ -17,7 +17,9 @@ def test_build_is_deterministic_and_cached(random_target_dir, tmp_path):
     b = load_file(again / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert (random_target_dir / "tokenizer.json").read_bytes() == (again / "tokenizer.json").read_bytes()
+    assert (random_target_dir / "tokenizer.json").read_bytes() == (
+        again / "tokenizer.json"
+    ).read_bytes()
     # A second call finds the cache and does not rebuild.
     stamp = (again / "dspark_toy.json").stat().st_mtime_ns
     assert build_toy_target("random", tmp_path) == again
@@ -51,12 +53,14 @@ def test_chat_template_roles_and_assistant_mask(random_target_dir):
         {"role": "user", "content": "Thanks!"},
         {"role": "assistant", "content": "Sure!"},
     ]
-    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = out["input_ids"], out["assistant_masks"]
     text = tok.decode(ids)
     for role in ("system", "user", "assistant"):
         assert f"<|im_start|>{role}\n" in text
-    masked = tok.decode([i for i, m in zip(ids, mask) if m])
+    masked = tok.decode([i for i, m in zip(ids, mask, strict=False) if m])
     assert masked == "It is Bar.<|im_end|>Sure!<|im_end|>"
     # The mask token is one reserved id that ordinary text never produces.
     plain = tok("<|mask|> and mask")["input_ids"]

@@ -28,7 +28,10 @@ def test_vllm_in_ray_actor_matches_transformers_greedy(trained_target_dir, ray_l
     # weights, so any mismatch is a real difference (template, ids, positions,
     # stop handling), not bf16 rounding flipping a near-tie.
     target = TargetConfig(
-        model=str(trained_target_dir), dtype="float32", max_model_len=512, gpu_memory_utilization=0.2
+        model=str(trained_target_dir),
+        dtype="float32",
+        max_model_len=512,
+        gpu_memory_utilization=0.2,
     )
     (actor,) = start_replicas(target, ReplicaConfig(num_cpus=1))
     vllm_out = ray_local.get(actor.generate.remote(requests, params))
