@@ -62,13 +62,18 @@ def synthetic_stream(seed: int = 0, num_tokens: int = 2048, hidden: int = 4096) 
     return torch.from_numpy(x).to(torch.bfloat16)  # round to nearest even
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> tuple[object, float]:
-    """(result, median seconds) over `repeats` runs."""
+_FASTEST: dict[str, float] = {}  # label -> fastest run's seconds, for the "best" figures
+
+
+def _timed(fn: Callable[[], object], repeats: int, label: str = "") -> tuple[object, float]:
+    """(result, median seconds) over `repeats` runs; the fastest run goes to _FASTEST[label]."""
     times, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
+    if label:
+        _FASTEST[label] = min(times)
     return out, statistics.median(times)
 
 
@@ -77,12 +82,13 @@ def codec_figures(x: torch.Tensor, repeats: int) -> dict[str, dict[str, float]]:
     raw = x.numel() * 2
     out = {}
     for name in ("bf16", "fp8"):
-        frame, t_enc = _timed(lambda n=name: codecs.encode(x, n), repeats)
+        frame, t_enc = _timed(lambda n=name: codecs.encode(x, n), repeats, f"{name}_encode")
         y, t_dec = _timed(lambda f=frame: codecs.decode(f), repeats)
         entry = {
             "ratio": len(frame) / raw,
             "bytes_per_token": len(frame) / x.shape[0],
             "encode_MBps": raw / t_enc / 1e6,
+            "encode_MBps_fastest": raw / _FASTEST[f"{name}_encode"] / 1e6,
             "decode_MBps": raw / t_dec / 1e6,
         }
         if name == "bf16":
@@ -344,6 +350,8 @@ def main() -> None:
         "P3_bf16": round(codec["bf16"]["ratio"], 4),
         "P3_fp8": round(codec["fp8"]["ratio"], 4),
         "P3_bf16_MBps": round(codec["bf16"]["encode_MBps"], 1),
+        "P3_bf16_MBps_fastest": round(codec["bf16"]["encode_MBps_fastest"], 1),
+        "P3_bench_load_average": round(load, 2),
         "P3_bf16_decode_MBps": round(codec["bf16"]["decode_MBps"], 1),
         "P3_fp8_encode_MBps": round(codec["fp8"]["encode_MBps"], 1),
         "P3_fp8_mean_rel_error": round(codec["fp8"]["mean_rel_error"], 4),
@@ -388,14 +396,17 @@ def _write_markdown(codec, alternatives, files, toy_files, toy, load, repeats) -
         "# Storage benchmark (bench/storage.py)",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f} at start "
-        f"(shared machine; MB/s are medians of {repeats} runs on one core and vary with load). "
+        f"(shared machine; MB/s are medians of {repeats} runs on one core and vary with load; "
+        "`encode_MBps_fastest` is the fastest run, the closest to an idle core). "
         "Ratios are stored bytes / raw bf16 bytes (lower is better); MB/s count raw bf16 bytes.",
         "",
         "## Synthetic stream (issue 3): T=2048 x H=4096, seed 0",
         "",
         "One codec frame per tensor (the figures of `P3_bf16`, `P3_fp8`, `P3_bf16_MBps`):",
         "",
-        *_table(codec, ["ratio", "bytes_per_token", "encode_MBps", "decode_MBps"]),
+        *_table(
+            codec, ["ratio", "bytes_per_token", "encode_MBps", "encode_MBps_fastest", "decode_MBps"]
+        ),
         "",
         "Targets: bf16 <= 0.70 at >= 200 MB/s encode on one core; fp8 <= 0.42. "
         f"bf16 round trip bit-exact: {codec['bf16']['bit_exact']}; fp8 within its documented "
