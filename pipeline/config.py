@@ -107,6 +107,10 @@ class CorpusSourceConfig(_Model):
     # Column holding a domain tag; else `domain` below applies to every row.
     domain_column: str | None = None
     domain: str | None = None
+    # S3-compatible endpoint for s3:// paths (else AWS_ENDPOINT_URL, else AWS).
+    endpoint_url: str | None = None
+    # Stop after this many rows (for smoke runs); None reads everything.
+    max_rows: int | None = Field(None, gt=0)
 
 
 class CorpusConfig(_Model):

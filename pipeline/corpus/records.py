@@ -1,0 +1,55 @@
+"""What corpus ingestion yields: normalised conversations and error records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+Message = dict[str, str]
+
+
+def conversation_hash(messages: list[Message]) -> str:
+    """Content hash of a normalised conversation (canonical JSON, sha256)."""
+    payload = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def sample_id(conv_hash: str, turn: int) -> str:
+    """Id of the row for answer `turn` (0-based) of a conversation: stable across runs."""
+    return f"{conv_hash[:32]}-{turn:03d}"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: str  # conversation_hash(messages): equal content, equal id
+    source: str  # corpus name (config `name`, else the path)
+    domain: str
+    messages: tuple[Message, ...]
+    location: str  # where it came from, e.g. "data/chat.jsonl:17"
+
+    @property
+    def num_answers(self) -> int:
+        """How many assistant turns regeneration produces (one per user turn)."""
+        return sum(m["role"] == "user" for m in self.messages)
+
+    def sample_ids(self) -> list[str]:
+        return [sample_id(self.conversation_id, t) for t in range(self.num_answers)]
+
+
+@dataclass(frozen=True)
+class RowError:
+    """A row that ingestion (or a later stage) could not use, with the reason."""
+
+    source: str
+    location: str  # file and row, e.g. "data/chat.jsonl:17"
+    reason: str  # stable short code, e.g. "roles_do_not_alternate"
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "source": self.source,
+            "location": self.location,
+            "reason": self.reason,
+            "detail": self.detail,
+        }

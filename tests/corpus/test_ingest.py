@@ -1,0 +1,126 @@
+"""Ingestion from JSONL, Parquet, HF datasets on disk and S3 (loopback server); errors and dedup."""
+
+import json
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
+
+from pipeline.config import CorpusConfig
+from pipeline.corpus.ingest import load_corpus
+from pipeline.corpus.records import sample_id
+
+GOOD = [
+    {
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+        "topic": "chat",
+    },
+    {
+        "conversations": [
+            {"from": "human", "value": "2+2?"},
+            {"from": "gpt", "value": "4"},
+            {"from": "human", "value": "and 3+3?"},
+            {"from": "gpt", "value": "6"},
+        ],
+        "topic": "math",
+    },
+    {"prompt": "Name a colour", "response": "Blue", "topic": "qa"},
+]
+
+
+def _jsonl(path, rows, extra_lines=()):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "".join(extra_lines))
+    return path
+
+
+def _corpus(**source):
+    return CorpusConfig.model_validate({"sources": [source]})
+
+
+def test_jsonl_with_malformed_rows_reports_each_by_reason(tmp_path):
+    bad_roles = {"messages": [{"role": "assistant", "content": "x"}], "topic": "chat"}
+    no_topic = {"prompt": "a", "response": "b"}
+    extra = [
+        "not json\n",
+        '{"foo": 1}\n',
+        "[1, 2]\n",
+        json.dumps(bad_roles) + "\n",
+        json.dumps(no_topic) + "\n",
+    ]
+    path = _jsonl(tmp_path / "c.jsonl", GOOD, extra)
+    corpus = load_corpus(_corpus(path=str(path), domain_column="topic"))
+    assert [c.domain for c in corpus.conversations] == ["chat", "math", "qa"]
+    assert corpus.conversations[1].num_answers == 2
+    reasons = {e.location.rsplit(":", 1)[1]: e.reason for e in corpus.errors}
+    assert reasons == {
+        "4": "unparsable_row",
+        "5": "unknown_format",
+        "6": "unparsable_row",
+        "7": "roles_do_not_alternate",
+        "8": "missing_domain",
+    }
+    assert all(str(path) in e.location for e in corpus.errors)
+
+
+def test_duplicates_across_formats_are_kept_once_and_ids_are_content_hashes(tmp_path):
+    same = {"prompt": "Hi", "response": "Hello"}  # equals GOOD[0] after normalisation
+    path = _jsonl(tmp_path / "c.jsonl", GOOD + [same])
+    corpus = load_corpus(_corpus(path=str(path), domain="general"))
+    assert corpus.stats.duplicates == 1 and len(corpus.conversations) == 3
+    again = load_corpus(_corpus(path=str(path), domain="general"))
+    assert [c.sample_ids() for c in again.conversations] == [
+        c.sample_ids() for c in corpus.conversations
+    ]
+    ids = corpus.conversations[1].sample_ids()
+    assert (
+        ids == [sample_id(corpus.conversations[1].conversation_id, t) for t in (0, 1)]
+        and ids[0] != ids[1]
+    )
+
+
+def test_parquet_directory_and_hf_dataset_on_disk(tmp_path):
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    rows = [{"prompt": f"q{i}", "response": f"a{i}", "topic": "qa"} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows[:3]), folder / "part-0.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[3:]), folder / "part-1.parquet")
+    corpus = load_corpus(_corpus(path=str(folder), domain_column="topic"))
+    assert [c.messages[0]["content"] for c in corpus.conversations] == [f"q{i}" for i in range(5)]
+    assert corpus.conversations[3].location.endswith("part-1.parquet#0")
+
+    hf_dir = tmp_path / "hf"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(hf_dir))
+    corpus_hf = load_corpus(_corpus(path=str(hf_dir), domain="qa"))
+    assert [c.conversation_id for c in corpus_hf.conversations] == [
+        c.conversation_id for c in corpus.conversations
+    ]
+
+
+def test_jsonl_on_s3(moto_endpoint, s3_uri, tmp_path):  # noqa: F811
+    import boto3
+
+    bucket = s3_uri.removeprefix("s3://").split("/")[0]
+    body = "".join(json.dumps(r) + "\n" for r in GOOD) + "broken\n"
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").put_object(
+        Bucket=bucket, Key="corpus/c.jsonl", Body=body.encode()
+    )
+    corpus = load_corpus(
+        _corpus(path=f"s3://{bucket}/corpus/", endpoint_url=moto_endpoint, domain="mix")
+    )
+    assert len(corpus.conversations) == 3
+    assert [e.reason for e in corpus.errors] == ["unparsable_row"]
+    assert corpus.errors[0].location.startswith(f"s3://{bucket}/corpus/c.jsonl:")
+
+
+def test_synthetic_and_max_rows(tmp_path):
+    path = _jsonl(tmp_path / "c.jsonl", GOOD)
+    config = CorpusConfig.model_validate(
+        {
+            "synthetic": {"num_conversations": 12},
+            "sources": [{"path": str(path), "max_rows": 2, "domain": "x"}],
+        }
+    )
+    corpus = load_corpus(config)
+    assert corpus.stats.rows == 14
+    assert len(corpus.by_domain()) == 7
