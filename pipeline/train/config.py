@@ -1,0 +1,205 @@
+"""Typed configuration of the training stage (`dspark-targets train --config ...`).
+
+One pydantic model per concern (draft architecture, loss weights, data,
+optimiser, run), all frozen and forbidding unknown keys. `load_train_config`
+reads a YAML file and fails with the same message style as pipeline/config.py:
+file, dotted key, problem.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.config import ConfigError, _format_errors
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DraftConfig(_Model):
+    """The draft architecture (DESIGN.md §6). Unset sizes copy the target's."""
+
+    # dspark: DFlash backbone + Markov logit-bias head + confidence head.
+    # dflash: the same backbone without the heads, trained with CE only.
+    kind: Literal["dspark", "dflash"] = "dspark"
+    num_layers: int = Field(5, gt=0)
+    # Query slots per block: [anchor, MASK x (block_size - 1)].
+    block_size: int = Field(8, ge=2)
+    # True: slot k predicts token p+k+1 (the anchor slot predicts too; block_size
+    # drafted tokens). False: the DFlash fill-in layout, slot k predicts p+k
+    # (block_size - 1 drafted tokens); vLLM serves only this layout as `dflash`.
+    # None: True for dspark, False for dflash.
+    sample_from_anchor: bool | None = None
+    markov_rank: int = Field(256, gt=0)
+    confidence_head: bool = True
+    # The confidence head sees [h_k ; W1[prev]] (True) or h_k alone.
+    confidence_with_markov: bool = True
+    num_heads: int | None = Field(None, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0)
+    head_dim: int | None = Field(None, gt=0)
+    intermediate_size: int | None = Field(None, gt=0)
+    # Captured aux layer ids the draft reads; None takes them from the dataset.
+    aux_layer_ids: list[int] | None = None
+
+    @property
+    def anchor_predicts(self) -> bool:
+        if self.sample_from_anchor is None:
+            return self.kind == "dspark"
+        return self.sample_from_anchor
+
+    @model_validator(mode="after")
+    def _heads_only_for_dspark(self) -> DraftConfig:
+        if self.kind == "dflash" and self.sample_from_anchor:
+            raise ValueError(
+                "sample_from_anchor=true is the DSpark layout; vLLM's dflash method serves "
+                "only the fill-in layout: set kind: dspark or sample_from_anchor: false"
+            )
+        return self
+
+
+class LossConfig(_Model):
+    """Weights of `0.1 CE + 0.9 TV + 1.0 BCE`; None picks the kind's default
+    (dspark: 0.1/0.9/1.0, dflash: CE only)."""
+
+    ce_weight: float | None = Field(None, ge=0.0)
+    tv_weight: float | None = Field(None, ge=0.0)
+    bce_weight: float | None = Field(None, ge=0.0)
+    # Slot k (1-based) is weighted by exp(-(k-1)/gamma); 4 for blocks of 7-8.
+    gamma: float = Field(4.0, gt=0.0)
+
+    def weights(self, kind: str) -> tuple[float, float, float]:
+        ce, tv, bce = (0.1, 0.9, 1.0) if kind == "dspark" else (1.0, 0.0, 0.0)
+        return (
+            ce if self.ce_weight is None else self.ce_weight,
+            tv if self.tv_weight is None else self.tv_weight,
+            bce if self.bce_weight is None else self.bce_weight,
+        )
+
+
+class TrainDataConfig(_Model):
+    """Which committed dataset version to stream, and how samples become blocks."""
+
+    # Dataset root: local directory or s3://bucket/prefix.
+    uri: str
+    version: int | None = Field(None, ge=0)
+    endpoint_url: str | None = None
+    # Keep only these domains; empty keeps all.
+    domains: list[str] = Field(default_factory=list)
+    # Share of sample ids (by hash) held out for evaluation; training never sees them.
+    heldout_fraction: float = Field(0.02, ge=0.0, lt=1.0)
+    # Anchors per sequence, drawn among loss-mask positions, reseeded every epoch.
+    num_anchors: int = Field(512, gt=0)
+    # Packing budget: context tokens per packed row (a longer sample gets a row alone).
+    max_row_tokens: int = Field(4096, gt=0)
+    # Batches the background thread builds ahead.
+    prefetch: int = Field(2, ge=0)
+    # samples: every step's global batch is the same whatever the world size
+    # (each rank reads all shards, decodes only its rows); shards: rank r reads
+    # only shards r::world_size (for large clusters; batches depend on world size).
+    split: Literal["samples", "shards"] = "samples"
+
+
+class OptimConfig(_Model):
+    """AdamW with linear warmup and cosine decay (DSpark reference: lr 6e-4, 4% warmup)."""
+
+    lr: float = Field(6e-4, gt=0.0)
+    warmup_fraction: float = Field(0.04, ge=0.0, lt=1.0)
+    min_lr_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+
+
+class ExportConfig(_Model):
+    """What to export after training (speculators format, DESIGN.md §10)."""
+
+    # Directory for the exported draft; None: <out_dir>/export.
+    dir: str | None = None
+    # Also export the DFlash backbone of a DSpark draft (what vLLM's CPU build serves).
+    dflash_backbone: bool = True
+
+
+class TrainRayConfig(_Model):
+    # None starts a local Ray; "auto" joins the cluster this process runs on.
+    address: str | None = None
+    num_cpus: int | None = Field(None, gt=0)
+    num_cpus_per_worker: float = Field(1.0, gt=0.0)
+
+
+class TrainConfig(_Model):
+    """A whole training run."""
+
+    # Target model: local HF directory, hub name, or `toy:<name>`. Its embeddings
+    # and lm_head are loaded and frozen; its shapes must match the dataset.
+    target: str
+    data: TrainDataConfig
+    # Where checkpoints, metrics.jsonl and the export go (a shared filesystem
+    # path when workers run on several nodes).
+    out_dir: str
+    num_steps: int = Field(gt=0)
+    # Sequences per optimiser step, over all workers.
+    global_batch_size: int = Field(gt=0)
+    draft: DraftConfig = DraftConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    export: ExportConfig = ExportConfig()
+    # 1: train in this process; >1: Ray Train TorchTrainer with this many workers.
+    num_workers: int = Field(1, gt=0)
+    # Force Ray Train even for one worker (e.g. to get a GPU worker on a cluster).
+    use_ray: bool = False
+    use_gpu: bool = False
+    ray: TrainRayConfig = TrainRayConfig()
+    checkpoint_every: int = Field(100, gt=0)
+    log_every: int = Field(10, gt=0)
+    seed: int = 0
+    # Torch intra-op threads per worker; None leaves torch's default.
+    num_threads: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> TrainConfig:
+        if self.global_batch_size % self.num_workers:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} is not a multiple of "
+                f"num_workers {self.num_workers}: make it one, so every worker gets equal batches"
+            )
+        return self
+
+
+def parse_train_config(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
+    """Validate a mapping; `source` names it in errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a training YAML; `overrides` are dotted keys (`optim.lr`)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    for dotted, value in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_train_config(data, str(path))
+
+
+def dump_train_config(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

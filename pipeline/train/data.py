@@ -1,0 +1,406 @@
+"""Stream committed shards into packed DSpark training batches, resumable to the sample.
+
+* **Validation before step 0**: the dataset's provenance (layer convention,
+  aux layer ids, hidden size, target name) is checked against the draft and
+  the target checkpoint; a mismatch is an error naming the dataset and field.
+* **Order**: each epoch permutes the shards and, inside every row group, the
+  rows (seeded by `seed` and the epoch). Only the small columns (sample id,
+  domain) are read to plan an epoch; tensors are decoded only for the rows a
+  rank trains on.
+* **Split** `samples`: global batch i is the same G samples whatever the world
+  size; rank r takes every world_size-th of them. `shards`: rank r reads only
+  shards r::world_size (no duplicate reads on large clusters).
+* **Position**: (epoch, samples consumed in the epoch); resuming skips exactly
+  what was consumed without decoding it.
+* **Held-out split** by a hash of the sample id: training never sees those ids.
+* **Anchors**: up to `num_anchors` per sequence among loss-mask positions whose
+  next token is also a loss-mask token, redrawn every epoch (seeded per
+  sample), so the same sample yields different blocks each epoch.
+* **Packing**: samples share a row up to `max_row_tokens` context tokens; the
+  attention mask keeps them apart (model.context_mask).
+* **Prefetch**: a background thread builds batches ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.shards.manifest import Dataset, Manifest
+from pipeline.shards.reader import TrainingSample, decode_rows, open_shard
+from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
+from pipeline.train.config import TrainDataConfig
+from pipeline.train.model import DraftInputs, DraftSpec
+
+
+class DataMismatchError(ValueError):
+    """The dataset was captured for another target or layer set than the draft expects."""
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    epoch: int
+    consumed: int  # samples of this epoch's order already trained on (all ranks)
+
+
+@dataclass(frozen=True)
+class RowRef:
+    shard: int  # index into manifest.shards
+    row_group: int
+    row: int  # row within the row group
+    sample_id: str
+
+
+@dataclass
+class TrainBatch:
+    inputs: DraftInputs
+    last_hidden: torch.Tensor  # (R, Tc, H) target's post-norm final hidden state
+    teacher_index: torch.Tensor  # (R, Nb, B) int64: context slot whose logits give the target dist.
+    target_ids: torch.Tensor  # (R, Nb, B) int64: token each slot drafts (0 where invalid)
+    valid: torch.Tensor  # (R, Nb, B) bool
+    num_samples: int
+    num_tokens: int
+
+    def to(self, device) -> TrainBatch:
+        return TrainBatch(
+            self.inputs.to(device),
+            self.last_hidden.to(device),
+            self.teacher_index.to(device),
+            self.target_ids.to(device),
+            self.valid.to(device),
+            self.num_samples,
+            self.num_tokens,
+        )
+
+
+def is_heldout(sample_id: str, fraction: float) -> bool:
+    """Stable across runs and machines: a hash of the id, not a random draw."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def _seed(*parts: object) -> int:
+    blob = "/".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") & ((1 << 63) - 1)
+
+
+class TrainingData:
+    """One dataset version opened for training: provenance checks, epoch plans, decoding."""
+
+    def __init__(self, cfg: TrainDataConfig) -> None:
+        self.cfg = cfg
+        self.dataset = Dataset.open(cfg.uri, endpoint_url=cfg.endpoint_url)
+        self.manifest: Manifest = self.dataset.manifest(cfg.version)
+        if not self.manifest.shards:
+            raise DataMismatchError(
+                f"{self.dataset.uri} version {self.manifest.version} has no shards"
+            )
+        self._rows: list[RowRef] | None = None
+        self._heldout: list[RowRef] | None = None
+        self._cache: tuple[tuple[int, int], object] | None = None
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.manifest.provenance
+
+    @property
+    def where(self) -> str:
+        return f"{self.dataset.uri} (version {self.manifest.version})"
+
+    def check(self, *, target: str, target_config: dict, aux_layer_ids: list[int] | None) -> None:
+        """Raise DataMismatchError unless this data fits the target and draft."""
+        prov = self.provenance
+        problems = []
+        if prov.layer_convention != VLLM_AUX_CONVENTION:
+            problems.append(
+                f"layer_convention is {prov.layer_convention!r}, this trainer reads {VLLM_AUX_CONVENTION!r}"
+            )
+        if prov.last_hidden_state != "after final norm":
+            problems.append(
+                f"last_hidden_state is {prov.last_hidden_state!r}; the trainer needs it after the "
+                "final norm to rebuild target logits with the lm_head"
+            )
+        if prov.target_name != target:
+            problems.append(
+                f"captured from target {prov.target_name!r}, but the config trains against {target!r}"
+            )
+        if prov.hidden_size != target_config["hidden_size"]:
+            problems.append(
+                f"hidden_size {prov.hidden_size} != the target's hidden_size {target_config['hidden_size']}"
+            )
+        num_layers = target_config["num_hidden_layers"]
+        if any(k > num_layers for k in prov.aux_layer_ids):
+            problems.append(
+                f"aux_layer_ids {list(prov.aux_layer_ids)} exceed the target's {num_layers} layers"
+            )
+        if aux_layer_ids is not None and list(aux_layer_ids) != list(prov.aux_layer_ids):
+            problems.append(
+                f"aux_layer_ids {list(prov.aux_layer_ids)} != draft.aux_layer_ids {list(aux_layer_ids)}"
+            )
+        if problems:
+            raise DataMismatchError(f"{self.where}: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ planning
+
+    def _index(self) -> None:
+        domains = set(self.cfg.domains) if self.cfg.domains else None
+        rows, heldout = [], []
+        for s, entry in enumerate(self.manifest.shards):
+            pf, _ = open_shard(self.dataset, entry)
+            with pf:
+                for g in range(pf.metadata.num_row_groups):
+                    keys = pf.read_row_group(g, columns=["sample_id", "domain"])
+                    ids = keys.column("sample_id").to_pylist()
+                    doms = keys.column("domain").to_pylist()
+                    for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
+                        if domains is not None and dom not in domains:
+                            continue
+                        ref = RowRef(s, g, r, sid)
+                        (heldout if is_heldout(sid, self.cfg.heldout_fraction) else rows).append(
+                            ref
+                        )
+        self._rows, self._heldout = rows, heldout
+
+    @property
+    def train_rows(self) -> list[RowRef]:
+        if self._rows is None:
+            self._index()
+        return self._rows
+
+    @property
+    def heldout_rows(self) -> list[RowRef]:
+        if self._heldout is None:
+            self._index()
+        return self._heldout
+
+    def epoch_order(self, epoch: int, seed: int, shards: set[int] | None = None) -> list[RowRef]:
+        """This epoch's sample order: shards permuted, rows permuted inside each row group."""
+        rng = np.random.default_rng(_seed(seed, "epoch", epoch))
+        groups: dict[tuple[int, int], list[RowRef]] = {}
+        for ref in self.train_rows:
+            if shards is None or ref.shard in shards:
+                groups.setdefault((ref.shard, ref.row_group), []).append(ref)
+        by_shard: dict[int, list[list[RowRef]]] = {}
+        for (s, _g), refs in sorted(groups.items()):
+            by_shard.setdefault(s, []).append(refs)
+        order: list[RowRef] = []
+        for s in rng.permutation(sorted(by_shard)).tolist():
+            for refs in by_shard[s]:
+                order.extend(refs[i] for i in rng.permutation(len(refs)))
+        return order
+
+    def decode(self, refs: list[RowRef]) -> list[TrainingSample]:
+        """Decode exactly these rows (consecutive refs of one row group share one read)."""
+        out = []
+        i = 0
+        while i < len(refs):
+            key = (refs[i].shard, refs[i].row_group)
+            j = i
+            while j < len(refs) and (refs[j].shard, refs[j].row_group) == key:
+                j += 1
+            table = self._row_group(*key)
+            entry = self.manifest.shards[key[0]]
+            out.extend(
+                decode_rows(table.take([r.row for r in refs[i:j]]), self.dataset.shard_url(entry))
+            )
+            i = j
+        return out
+
+    def _row_group(self, shard: int, group: int):
+        if self._cache is not None and self._cache[0] == (shard, group):
+            return self._cache[1]
+        entry = self.manifest.shards[shard]
+        pf, _ = open_shard(self.dataset, entry)
+        with pf:
+            table = pf.read_row_group(group)
+        self._cache = ((shard, group), table)
+        return table
+
+
+# ---------------------------------------------------------------------- batches
+
+
+def choose_anchors(
+    loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Sorted anchor positions a with loss_mask[a] and loss_mask[a+1] (at most num_anchors)."""
+    m = loss_mask.bool()
+    ok = (m[:-1] & m[1:]).nonzero().squeeze(-1)
+    if ok.numel() > num_anchors:
+        pick = torch.randperm(ok.numel(), generator=generator)[:num_anchors]
+        ok = ok[pick].sort().values
+    return ok
+
+
+def pack(
+    samples: list[TrainingSample],
+    anchors: list[torch.Tensor],
+    *,
+    spec: DraftSpec,
+    max_row_tokens: int,
+) -> TrainBatch:
+    """Pack samples (with their anchors) into rows; see TrainBatch for the layout."""
+    b, off = spec.block_size, spec.first_offset
+    rows: list[list[int]] = []
+    used = 0
+    for i, s in enumerate(samples):
+        t = len(s.input_ids)
+        if rows and used + t <= max_row_tokens:
+            rows[-1].append(i)
+            used += t
+        else:
+            rows.append([i])
+            used = t
+    tc = max(sum(len(samples[i].input_ids) for i in row) for row in rows)
+    nb = max(1, max(sum(len(anchors[i]) for i in row) for row in rows))
+    r = len(rows)
+    kh = samples[0].hidden_states.shape[1]
+    h = samples[0].last_hidden_state.shape[1]
+    feats = torch.zeros(r, tc, kh, dtype=samples[0].hidden_states.dtype)
+    last = torch.zeros(r, tc, h, dtype=samples[0].last_hidden_state.dtype)
+    ctx_pos = torch.zeros(r, tc, dtype=torch.long)
+    ctx_doc = torch.full((r, tc), -1, dtype=torch.long)
+    block_ids = torch.full((r, nb, b), spec.mask_token_id, dtype=torch.long)
+    block_anchor = torch.zeros(r, nb, dtype=torch.long)
+    block_doc = torch.full((r, nb), -1, dtype=torch.long)
+    prev_ids = torch.zeros(r, nb, b, dtype=torch.long)
+    target_ids = torch.zeros(r, nb, b, dtype=torch.long)
+    teacher = torch.zeros(r, nb, b, dtype=torch.long)
+    valid = torch.zeros(r, nb, b, dtype=torch.bool)
+    slots = torch.arange(b) + off  # (B,) offset of the drafted token from the anchor
+    tokens = 0
+    for ri, row in enumerate(rows):
+        c = n = 0
+        for doc, i in enumerate(row):
+            s, a = samples[i], anchors[i]
+            t = len(s.input_ids)
+            tokens += t
+            feats[ri, c : c + t] = s.hidden_states
+            last[ri, c : c + t] = s.last_hidden_state
+            ctx_pos[ri, c : c + t] = torch.arange(t)
+            ctx_doc[ri, c : c + t] = doc
+            k = len(a)
+            if k:
+                pos = a[:, None] + slots[None, :]  # (k, B) position of the drafted token
+                ok = (slots[None, :] >= 1) & (pos < t)
+                posc = pos.clamp(max=t - 1)
+                ok &= s.loss_mask[posc]
+                block_ids[ri, n : n + k, 0] = s.input_ids[a]
+                block_anchor[ri, n : n + k] = a
+                block_doc[ri, n : n + k] = doc
+                target_ids[ri, n : n + k] = torch.where(ok, s.input_ids[posc], 0)
+                prevc = (pos - 1).clamp(min=0, max=t - 1)
+                prev_ids[ri, n : n + k] = s.input_ids[prevc]
+                teacher[ri, n : n + k] = c + prevc
+                valid[ri, n : n + k] = ok
+            c += t
+            n += k
+    inputs = DraftInputs(feats, ctx_pos, ctx_doc, block_ids, block_anchor, block_doc, prev_ids)
+    return TrainBatch(inputs, last, teacher, target_ids, valid, len(samples), tokens)
+
+
+def sample_anchors(
+    samples: list[TrainingSample], *, num_anchors: int, seed: int, epoch: int
+) -> list[torch.Tensor]:
+    out = []
+    for s in samples:
+        gen = torch.Generator().manual_seed(_seed(seed, "anchors", epoch, s.sample_id))
+        out.append(choose_anchors(s.loss_mask, num_anchors, gen))
+    return out
+
+
+def iter_batches(
+    data: TrainingData,
+    spec: DraftSpec,
+    *,
+    seed: int,
+    global_batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    start: DataPosition = DataPosition(0, 0),
+) -> Iterator[tuple[TrainBatch, DataPosition]]:
+    """Endless (batch for this rank, position after it) pairs from `start` on."""
+    cfg = data.cfg
+    by_shards = cfg.split == "shards"
+    local_shards = set(range(rank, len(data.manifest.shards), world_size)) if by_shards else None
+    per_step = global_batch_size // world_size if by_shards else global_batch_size
+    epoch, consumed = start.epoch, start.consumed
+    while True:
+        order = data.epoch_order(epoch, seed, local_shards)
+        num_batches = len(order) // per_step
+        if num_batches == 0:
+            raise ValueError(
+                f"{data.where}: {len(order)} training samples{f' on rank {rank}' if by_shards else ''} "
+                f"cannot fill one batch of {per_step}: lower global_batch_size or add data"
+            )
+        for i in range(consumed // per_step, num_batches):
+            chunk = order[i * per_step : (i + 1) * per_step]
+            mine = chunk if by_shards else chunk[rank::world_size]
+            samples = data.decode(mine)
+            anchors = sample_anchors(samples, num_anchors=cfg.num_anchors, seed=seed, epoch=epoch)
+            batch = pack(samples, anchors, spec=spec, max_row_tokens=cfg.max_row_tokens)
+            yield batch, DataPosition(epoch, (i + 1) * per_step)
+        epoch, consumed = epoch + 1, 0
+
+
+def heldout_batches(
+    data: TrainingData, spec: DraftSpec, *, seed: int, batch_size: int, limit: int | None = None
+) -> Iterator[TrainBatch]:
+    """Batches of the held-out split, in a fixed order (for evaluation)."""
+    refs = data.heldout_rows[:limit] if limit else data.heldout_rows
+    for i in range(0, len(refs), batch_size):
+        samples = data.decode(refs[i : i + batch_size])
+        anchors = sample_anchors(samples, num_anchors=data.cfg.num_anchors, seed=seed, epoch=-1)
+        yield pack(samples, anchors, spec=spec, max_row_tokens=data.cfg.max_row_tokens)
+
+
+_DONE = object()
+
+
+def prefetched(source: Iterator, depth: int) -> Iterator:
+    """Run `source` in a daemon thread, `depth` items ahead; its errors surface here."""
+    if depth <= 0:
+        yield from source
+        return
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in source:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as err:  # raised in the consumer
+            put(err)
+
+    thread = threading.Thread(target=run, name="train-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

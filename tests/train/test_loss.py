@@ -1,0 +1,96 @@
+"""Losses and metrics against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pipeline.train.loss import block_stats, draft_loss, slot_weights, summarize
+
+
+def test_slot_weights_decay_and_skip_nonpredicting_slot():
+    w = slot_weights(block_size=4, first_offset=1, gamma=4.0)
+    assert torch.allclose(w, torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5), math.exp(-0.75)]))
+    w0 = slot_weights(block_size=4, first_offset=0, gamma=4.0)
+    assert w0[0] == 0 and torch.allclose(w0[1:], w[:3])
+
+
+def test_loss_parts_match_hand_computation():
+    draft = torch.tensor([[[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]])  # (1, 1, 2, 3)
+    target = torch.tensor([[[[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]])
+    ids = torch.tensor([[[0, 1]]])
+    valid = torch.tensor([[[True, False]]])
+    conf = torch.tensor([[[0.3, 9.0]]])
+    w = torch.tensor([1.0, 0.5])
+    parts = draft_loss(
+        logits=draft,
+        target_logits=target,
+        target_ids=ids,
+        valid=valid,
+        weights=w,
+        confidence_logit=conf,
+        ce_weight=0.1,
+        tv_weight=0.9,
+        bce_weight=1.0,
+    )
+    p = torch.softmax(draft[0, 0, 0], -1)
+    ce = -torch.log(p[0])
+    tv = 0.5 * (p - torch.full((3,), 1 / 3)).abs().sum()
+    y = 1 - tv
+    s = torch.sigmoid(torch.tensor(0.3))
+    bce = -(y * torch.log(s) + (1 - y) * torch.log(1 - s))
+    assert torch.allclose(parts.ce_sum, ce) and torch.allclose(parts.tv_sum, tv)
+    assert torch.allclose(parts.bce_sum, bce, atol=1e-6)
+    assert torch.allclose(parts.total, 0.1 * ce + 0.9 * tv + bce, atol=1e-6)
+    assert parts.weight_sum == 1.0 and parts.tv[0, 0, 1] == 0  # invalid slot ignored
+
+
+def test_global_normalizer_makes_split_batches_add_up():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 3, 4, 11, generator=g)
+    target = torch.randn(4, 3, 4, 11, generator=g)
+    ids = torch.randint(0, 11, (4, 3, 4), generator=g)
+    valid = torch.rand(4, 3, 4, generator=g) > 0.3
+    w = slot_weights(block_size=4, first_offset=1, gamma=4.0)
+    kw = dict(weights=w, confidence_logit=None, ce_weight=0.1, tv_weight=0.9, bce_weight=0.0)
+    whole = draft_loss(logits=logits, target_logits=target, target_ids=ids, valid=valid, **kw)
+    halves = [
+        draft_loss(
+            logits=logits[s],
+            target_logits=target[s],
+            target_ids=ids[s],
+            valid=valid[s],
+            normalizer=whole.weight_sum,
+            **kw,
+        )
+        for s in (slice(0, 2), slice(2, 4))
+    ]
+    torch.testing.assert_close(halves[0].total + halves[1].total, whole.total)
+    # Without the shared normaliser the mean of means differs (so the test can fail).
+    local = [
+        draft_loss(
+            logits=logits[s], target_logits=target[s], target_ids=ids[s], valid=valid[s], **kw
+        )
+        for s in (slice(0, 2), slice(2, 4))
+    ]
+    assert not torch.allclose((local[0].total + local[1].total) / 2, whole.total)
+
+
+def test_block_stats_acceptance_length():
+    # One block of 3 drafting slots: slots 0 and 1 right, slot 2 wrong; TVs 0, 0.5, 1.
+    v = 5
+    ids = torch.tensor([[[1, 2, 3]]])
+    logits = torch.zeros(1, 1, 3, v)
+    logits[0, 0, 0, 1] = logits[0, 0, 1, 2] = logits[0, 0, 2, 4] = 5.0
+    valid = torch.ones(1, 1, 3, dtype=torch.bool)
+    tv = torch.tensor([[[0.0, 0.5, 1.0]]])
+    stats = block_stats(logits=logits, target_ids=ids, valid=valid, tv=tv, first_offset=1)
+    out = summarize(stats=stats, first_offset=1)
+    assert out["tau_greedy"] == 1 + 1 + 1 + 0
+    assert out["tau_tv"] == 1 + 1 + 0.5 + 0
+    assert (out["acc_1"], out["acc_2"], out["acc_3"]) == (1.0, 1.0, 0.0)
+    # A block cut by the end of the answer does not count for tau.
+    valid[0, 0, 2] = False
+    stats = block_stats(logits=logits, target_ids=ids, valid=valid, tv=tv, first_offset=1)
+    assert stats.num_blocks == 0
