@@ -45,6 +45,8 @@ class DraftConfig(_Model):
     intermediate_size: int | None = Field(None, gt=0)
     # Captured aux layer ids the draft reads; None takes them from the dataset.
     aux_layer_ids: list[int] | None = None
+    # Token fed to mask slots (its target embedding row); None: the tokenizer's mask token.
+    mask_token_id: int | None = Field(None, ge=0)
 
     @property
     def anchor_predicts(self) -> bool:
