@@ -45,6 +45,18 @@ class TargetConfig(_Model):
     enforce_eager: bool = False
     # Passed through to `vllm.LLM(...)` verbatim, for settings this schema lacks.
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # Residual streams to capture, as aux ids (stream after k decoder layers;
+    # DESIGN.md §3). None: the DFlash spacing for the target's depth. The final
+    # hidden state (after the final norm) is always captured as well.
+    aux_layer_ids: list[int] | None = None
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _sorted_unique(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value or any(v < 0 for v in value) or sorted(set(value)) != value:
+                raise ValueError("must be a non-empty ascending list of distinct non-negative ints")
+        return value
 
     @field_validator("model")
     @classmethod

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 from pipeline.config import GenerationConfig
 
@@ -30,6 +33,28 @@ class Generation:
     finish_reason: str  # "stop" (end-of-turn) or "length"
 
 
+@dataclass(frozen=True)
+class CapturedGeneration:
+    """A generation plus the target's hidden states over prompt + answer, from one pass.
+
+    T = len(prompt_ids) + len(output_ids). Row t holds the states computed when
+    token t was fed to the target. The final token is sampled but never fed, so
+    its row is zero in both backends (no training target uses it: it predicts
+    the token after the end of the answer).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    # (T, k*H), model dtype: the residual streams at the k aux ids (ascending),
+    # concatenated along channels; aux id a = the stream after a decoder layers
+    # (= HF output_hidden_states[a] for a < L).
+    hidden_states: torch.Tensor
+    # (T, H): the final hidden state after the target's final norm (its lm_head input).
+    last_hidden_state: torch.Tensor
+
+
 class TargetBackend(Protocol):
     """A loaded target that answers batches of prompts."""
 
@@ -42,6 +67,33 @@ class TargetBackend(Protocol):
     def close(self) -> None:
         """Release the engine's memory and processes."""
         ...
+
+
+class CapturingBackend(TargetBackend, Protocol):
+    """A target backend that also captures hidden states while it generates."""
+
+    aux_layer_ids: tuple[int, ...]  # ascending
+    hidden_size: int
+
+    def generate_and_capture(
+        self, requests: Sequence[GenerationRequest], params: GenerationConfig
+    ) -> list[CapturedGeneration]:
+        """Answer every request and return its hidden states; results in request order."""
+        ...
+
+
+def default_aux_layer_ids(num_layers: int, num_layers_captured: int = 5) -> tuple[int, ...]:
+    """DFlash/DSpark spacing: target layers evenly from 1 to L-3, as aux ids (+1).
+
+    36 layers -> target layers [1, 9, 17, 25, 33] -> aux ids [2, 10, 18, 26, 34].
+    Shallow targets (L < 8) take every layer from 1 to L-1 instead.
+    """
+    if num_layers < 8:
+        return tuple(range(1, num_layers))
+    start, end = 1, num_layers - 3
+    k = num_layers_captured
+    layers = sorted({round(start + i * (end - start) / (k - 1)) for i in range(k)})
+    return tuple(layer + 1 for layer in layers)
 
 
 def request_seed(base_seed: int, request_id: str) -> int:
