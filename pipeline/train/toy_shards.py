@@ -108,7 +108,11 @@ def _write(
             f"aux_layer_ids {list(aux_layer_ids)} must lie in [0, {num_layers}) for {target} "
             f"({num_layers} layers; the final stream is stored separately, after the norm)"
         )
-    convs = list(generate(SyntheticSpec(num_conversations=num_conversations, seed=corpus_seed)))
+    convs, seen = [], set()
+    for conv in generate(SyntheticSpec(num_conversations=num_conversations, seed=corpus_seed)):
+        if conv["id"] not in seen:  # the synthetic corpus repeats a few short conversations
+            seen.add(conv["id"])
+            convs.append(conv)
     prompts = [render_prompt(tokenizer, first_prompt(c["messages"])) for c in convs]
     if regenerate:
         answers = _greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
