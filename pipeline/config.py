@@ -198,6 +198,33 @@ class OutputConfig(_Model):
     codec: Literal["bf16", "fp8"] = "bf16"
 
 
+# --------------------------------------------------------------------------- regenerate
+
+
+class RegenerateConfig(_Model):
+    """How the regeneration stage cuts the corpus into units and drives the replicas."""
+
+    # Regenerate every assistant turn (each given the regenerated history) or only the last.
+    turns: Literal["all", "last"] = "all"
+    # Unit size: one shard per unit; a retried unit redoes this much work.
+    conversations_per_unit: int = Field(64, gt=0)
+    # Fix the number of buckets (units) instead of deriving it from the corpus size;
+    # keep it fixed across refreshes so unchanged units keep their ids.
+    num_buckets: int | None = Field(None, gt=0)
+    # Requests per engine call inside a unit.
+    batch_size: int = Field(64, gt=0)
+    # Units queued per replica (backpressure: hidden states are written by the
+    # replica as they are produced and never travel to the driver).
+    max_units_in_flight_per_replica: int = Field(2, gt=0)
+    # Publish a version after this many finished units or seconds, and at the end.
+    commit_every_units: int = Field(16, gt=0)
+    commit_every_seconds: float = Field(300.0, gt=0)
+    # A unit whose replica died is retried on another one up to this many times.
+    max_unit_attempts: int = Field(3, gt=0)
+    # A prompt must leave at least this many tokens of context for the answer.
+    min_answer_tokens: int = Field(8, gt=0)
+
+
 # --------------------------------------------------------------------------- top level
 
 
@@ -210,6 +237,7 @@ class PipelineConfig(_Model):
     replicas: ReplicaConfig = ReplicaConfig()
     ray: RayConfig = RayConfig()
     output: OutputConfig
+    regenerate: RegenerateConfig = RegenerateConfig()
     # Free-form run name, used in logs and provenance.
     name: str = "dspark-targets"
 

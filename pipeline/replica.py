@@ -74,8 +74,12 @@ def placement_group_args(replicas: ReplicaConfig, index: int) -> dict[str, Any] 
     return kwargs
 
 
-def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
-    """Start `num_replicas` actors and wait until each engine is loaded."""
+def start_actors(actor_class: type, target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
+    """Start `num_replicas` actors of `actor_class(target)`; wait until each engine is loaded.
+
+    Ray restarts a dead actor up to `max_restarts` times (its engine reloads in
+    `__init__`); calls in flight on it fail, and the caller decides what to retry.
+    """
     import ray
 
     actors = []
@@ -84,6 +88,7 @@ def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
             "num_cpus": replicas.num_cpus,
             "num_gpus": replicas.num_gpus,
             "max_restarts": replicas.max_restarts,
+            "max_task_retries": 0,
         }
         pg_args = placement_group_args(replicas, index)
         if pg_args is not None:
@@ -94,6 +99,11 @@ def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
             ray.get(pg.ready())
             # The actor itself takes no GPU: vLLM's workers claim the bundles.
             options.update(num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(pg))
-        actors.append(ray.remote(TargetReplica).options(**options).remote(target))
+        actors.append(ray.remote(actor_class).options(**options).remote(target))
     ray.get([a.ready.remote() for a in actors])
     return actors
+
+
+def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
+    """Start generation-only replica actors (`TargetReplica`)."""
+    return start_actors(TargetReplica, target, replicas)

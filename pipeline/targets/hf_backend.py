@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config import GenerationConfig, TargetConfig
-from pipeline.targets.base import Generation, GenerationRequest, request_seed
+from pipeline.targets.base import (
+    CapturedGeneration,
+    Generation,
+    GenerationRequest,
+    default_aux_layer_ids,
+    request_seed,
+)
 
 
 class HFTarget:
@@ -24,6 +30,10 @@ class HFTarget:
         ).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        num_layers = self.model.config.num_hidden_layers
+        self.aux_layer_ids = tuple(config.aux_layer_ids or default_aux_layer_ids(num_layers))
+        check_aux_layer_ids(self.aux_layer_ids, num_layers, model_dir)
+        self.hidden_size = self.model.config.hidden_size
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
@@ -53,8 +63,43 @@ class HFTarget:
             results.append(Generation(request.request_id, list(request.prompt_ids), output, finish))
         return results
 
+    def generate_and_capture(
+        self, requests: Sequence[GenerationRequest], params: GenerationConfig
+    ) -> list[CapturedGeneration]:
+        """Generate, then one forward pass over prompt + answer for the hidden states.
+
+        The reference does two passes on purpose: it is the independent
+        ground truth the single-pass vLLM capture is compared against.
+        """
+        return [self.capture(g) for g in self.generate(requests, params)]
+
+    def capture(self, gen: Generation) -> CapturedGeneration:
+        """Hidden states of `gen`'s prompt + answer; the final (never fed) row is zero."""
+        import torch
+
+        ids = gen.prompt_ids + gen.output_ids
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True)
+        hs = out.hidden_states  # L + 1 tensors (1, T-1, H); hs[L] is after the final norm
+        zero = torch.zeros(1, self.hidden_size, dtype=hs[0].dtype)
+        hidden = torch.cat([torch.cat([hs[a][0], zero]) for a in self.aux_layer_ids], dim=-1)
+        last = torch.cat([hs[-1][0], zero])
+        return CapturedGeneration(
+            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
+        )
+
     def close(self) -> None:
         del self.model
+
+
+def check_aux_layer_ids(aux_ids: Sequence[int], num_layers: int, model: str) -> None:
+    """Aux ids name streams after 0..L-1 layers; the final (normed) state is captured apart."""
+    bad = [a for a in aux_ids if not 0 <= a < num_layers]
+    if bad:
+        raise ValueError(
+            f"target {model}: aux_layer_ids {bad} out of range for {num_layers} layers "
+            f"(valid: 0..{num_layers - 1}; the final hidden state is always captured separately)"
+        )
 
 
 def _sample(logits, params: GenerationConfig, generator) -> int:
