@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from pipeline.config import ConfigError
+from pipeline.errors import PipelineError
 
 CONFIG_OPTION = click.option(
     "--config",
@@ -28,7 +29,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except (ConfigError, FileNotFoundError, ValueError) as err:
+        except (ConfigError, FileNotFoundError, ValueError, PipelineError) as err:
             if ctx.params.get("verbose"):
                 raise
             click.secho(f"error: {err}", fg="red", err=True)
@@ -56,9 +57,25 @@ def _not_built(command: str, issue: str) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-def regenerate(config_path: Path) -> None:
-    """Regenerate assistant turns with the target and capture hidden states into shards."""
-    _not_built("regenerate", "the regeneration stage")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key (YAML value).",
+)
+def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
+    """Regenerate assistant turns with the target and capture hidden states into shards.
+
+    Resumable: a rerun skips the units the dataset already holds.
+    """
+    from pipeline.cli_support import parse_overrides
+    from pipeline.config import load_config
+    from pipeline.regenerate import run_regenerate
+
+    config = load_config(config_path, overrides=parse_overrides(list(overrides)))
+    for line in run_regenerate(config).lines():
+        click.echo(line)
 
 
 @cli.command()

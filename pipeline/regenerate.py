@@ -27,6 +27,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.corpus.records import RowError
+from pipeline.errors import PipelineError
 from pipeline.logs import kv
 from pipeline.regenerate_unit import UnitResult, UnitSpec
 from pipeline.units import WorkUnit
@@ -34,7 +35,7 @@ from pipeline.units import WorkUnit
 log = logging.getLogger(__name__)
 
 
-class RegenerateError(RuntimeError):
+class RegenerateError(PipelineError):
     """The run could not finish every unit; what was finished is committed."""
 
 
