@@ -91,6 +91,9 @@ def decode(
         "max_model_len": max_model_len,
         "gpu_memory_utilization": gpu_memory_utilization,
     }
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    if draft_dir and method == "dspark":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # dspark exists only in Model Runner V2
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:
         out = Path(tmp) / "result.json"
         proc = subprocess.run(
