@@ -82,7 +82,12 @@ def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
 @CONFIG_OPTION
 def train(config_path: Path) -> None:
     """Train a DSpark draft from committed shards and export it for vLLM."""
-    _not_built("train", "the DSpark training stage")
+    from pipeline.train.config import load_train_config
+    from pipeline.train.trainer import summary_lines
+    from pipeline.train.trainer import train as run_train
+
+    result = run_train(load_train_config(config_path))
+    click.echo("\n".join(summary_lines(result)))
 
 
 @cli.command()
