@@ -466,3 +466,24 @@ def _truncate_metrics(out_dir: Path, step: int) -> None:
         if line.strip() and json.loads(line)["step"] <= step
     ]
     _write_atomic(path, "".join(r + "\n" for r in rows))
+
+
+def summary_lines(result: TrainResult) -> list[str]:
+    """A short human-readable report of a run (what `jobs.train` and the CLI print)."""
+    lines = [f"trained {result.steps} steps -> {result.out_dir}"]
+    if result.metrics:
+        first, last = result.metrics[0], result.metrics[-1]
+        lines.append(
+            f"loss {first['loss']:.3f} -> {last['loss']:.3f}; "
+            f"teacher-forced tau {first['tau_tv']:.2f} -> {last['tau_tv']:.2f} (last batch)"
+        )
+    if result.heldout:
+        h = result.heldout
+        lines.append(
+            f"held-out ({h['samples']} samples): tau_tv {h['tau_tv']:.2f}, tau_greedy {h['tau_greedy']:.2f}"
+        )
+    if result.export_dir:
+        lines.append(f"draft (speculators format): {result.export_dir}")
+    if result.dflash_dir:
+        lines.append(f"DFlash backbone (serves on vLLM CPU): {result.dflash_dir}")
+    return lines

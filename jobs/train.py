@@ -1,0 +1,53 @@
+"""`ray job submit --working-dir . -- python -m jobs.train --config jobs/configs/train-toy.yaml`
+
+Thin entrypoint: parse, set up logging, train (Ray Train when the config asks
+for more than one worker), export, print the summary, exit non-zero on
+failure. `dspark-targets train --config ...` runs the same function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__)
+    parser.add_argument("--config", required=True, help="training YAML config")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set num_workers=4 (YAML value)",
+    )
+    parser.add_argument("--verbose", "-v", action="store_true")
+    args = parser.parse_args(argv)
+
+    import yaml
+
+    from pipeline.config import ConfigError
+    from pipeline.logs import setup_logging
+    from pipeline.train.config import load_train_config
+    from pipeline.train.trainer import summary_lines, train
+
+    setup_logging(args.verbose)
+    try:
+        overrides = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+            overrides[key] = yaml.safe_load(value)
+        result = train(load_train_config(args.config, overrides=overrides))
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        if args.verbose:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
