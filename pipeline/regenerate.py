@@ -272,7 +272,9 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
     )
     progress = _Progress(sum(u.num_answers for u, _ in queue), show_progress)
     init_ray(config.ray)
-    actors = start_actors(RegenerateReplica, config.target, config.replicas)
+    actors = start_actors(
+        RegenerateReplica, config.target, config.replicas, replica_name_prefix(config)
+    )
     per_actor = config.regenerate.max_units_in_flight_per_replica
     in_flight: dict[Any, tuple[WorkUnit, int, int]] = {}  # future -> (unit, attempt, actor index)
     load = Counter()
@@ -337,6 +339,11 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
             f"committed (version {summary.version}); rerun to retry the rest"
         )
     return summary
+
+
+def replica_name_prefix(config: PipelineConfig) -> str:
+    """Ray actor names of a run's replicas: `<run name>-regenerate-<i>`."""
+    return f"{config.name}-regenerate"
 
 
 def _pick_actor(num: int, load: Counter, limit: int, avoid: set[int]) -> int | None:

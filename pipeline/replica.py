@@ -74,11 +74,16 @@ def placement_group_args(replicas: ReplicaConfig, index: int) -> dict[str, Any] 
     return kwargs
 
 
-def start_actors(actor_class: type, target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
+def start_actors(
+    actor_class: type, target: TargetConfig, replicas: ReplicaConfig, name_prefix: str | None = None
+) -> list[Any]:
     """Start `num_replicas` actors of `actor_class(target)`; wait until each engine is loaded.
 
     Ray restarts a dead actor up to `max_restarts` times (its engine reloads in
     `__init__`); calls in flight on it fail, and the caller decides what to retry.
+    With `name_prefix`, actor i is named `<prefix>-<i>` (operators find it with
+    `ray.get_actor`; a second run under the same name fails fast instead of
+    racing the first).
     """
     import ray
 
@@ -90,6 +95,8 @@ def start_actors(actor_class: type, target: TargetConfig, replicas: ReplicaConfi
             "max_restarts": replicas.max_restarts,
             "max_task_retries": 0,
         }
+        if name_prefix:
+            options["name"] = f"{name_prefix}-{index}"
         pg_args = placement_group_args(replicas, index)
         if pg_args is not None:
             from ray.util.placement_group import placement_group

@@ -1,0 +1,117 @@
+"""End to end on a real local Ray: corpus -> committed version; rerun; SIGKILLed replica; bad rows."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.corpus.ingest import load_corpus
+from pipeline.regenerate import run_regenerate
+from pipeline.shards.manifest import Dataset
+from pipeline.shards.reader import ShardReader
+
+pytestmark = pytest.mark.slow
+
+# The production backend. ("hf" runs the same stage with the reference backend.)
+BACKEND = os.environ.get("DSPARK_TEST_BACKEND", "vllm")
+
+BAD_ROWS = [
+    "this line is not JSON",
+    json.dumps({"foo": "no conversation here"}),
+    json.dumps({"messages": [{"role": "assistant", "content": "answer without a question"}]}),
+    json.dumps({"messages": [{"role": "user", "content": "   "}]}),
+]
+
+
+def _config(tmp_path, num_replicas=1, **regenerate):
+    extra = tmp_path / "extra.jsonl"
+    good = [
+        json.dumps({"prompt": f"What is the capital of Land{i}?", "domain": "qa"}) for i in range(3)
+    ]
+    extra.write_text("\n".join(good + BAD_ROWS) + "\n")
+    return parse_config(
+        {
+            "target": {
+                "model": "toy:trained",
+                "backend": BACKEND,
+                "max_model_len": 512,
+                "gpu_memory_utilization": 0.1,
+            },
+            "corpus": {
+                "synthetic": {"num_conversations": 10, "seed": 5, "multi_turn_fraction": 0.5},
+                "sources": [{"path": str(extra)}],
+            },
+            "generation": {"max_new_tokens": 48},
+            "replicas": {"num_replicas": num_replicas, "num_cpus": 1},
+            "output": {"uri": str(tmp_path / "dataset")},
+            "regenerate": {"conversations_per_unit": 2, "batch_size": 8, **regenerate},
+        },
+        "test",
+    )
+
+
+def _expected_ids(config):
+    corpus = load_corpus(config.corpus)
+    return {sid for conv in corpus.conversations for sid in conv.sample_ids()}
+
+
+def _committed_ids(uri):
+    ids = [s.sample_id for s in ShardReader(uri, prefetch=0)]
+    assert len(ids) == len(set(ids)), "a sample is committed twice"
+    return set(ids)
+
+
+def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_local):
+    config = _config(tmp_path)
+    summary = run_regenerate(config, show_progress=False)
+    assert summary.version is not None and summary.units_done == summary.units_total
+    assert _committed_ids(config.output.uri) == _expected_ids(config)
+    # The malformed rows are reported by reason; the run did not stop for them.
+    assert summary.errors_by_reason == {
+        "unparsable_row": 1,
+        "unknown_format": 1,
+        "roles_do_not_alternate": 1,
+        "empty_content": 1,
+    }
+    errors = Dataset.open(config.output.uri).storage.list("errors/")
+    assert (
+        len(errors) == 1
+        and "extra.jsonl"
+        in Dataset.open(config.output.uri).storage.read_bytes(errors[0].key).decode()
+    )
+
+    again = run_regenerate(config, show_progress=False)
+    assert again.version == summary.version
+    assert again.units_done == 0 and again.units_skipped == summary.units_total
+    assert Dataset.open(config.output.uri).latest_version() == summary.version
+
+
+def _replica_pid(ray, config, index):
+    from pipeline.regenerate import replica_name_prefix
+
+    return ray.get(ray.get_actor(f"{replica_name_prefix(config)}-{index}").ready.remote())
+
+
+def test_sigkilled_replica_mid_run_every_sample_exactly_once(tmp_path, ray_local):
+    config = _config(tmp_path, num_replicas=2, commit_every_units=1)
+    outcome = {}
+    runner = threading.Thread(
+        target=lambda: outcome.update(summary=run_regenerate(config, show_progress=False))
+    )
+    runner.start()
+    ds = Dataset.open(config.output.uri)
+    deadline = time.monotonic() + 600
+    # Kill a replica once the run is under way: the first version is committed.
+    while ds.latest_version() is None and time.monotonic() < deadline and runner.is_alive():
+        time.sleep(0.5)
+    assert runner.is_alive(), "the run finished before a replica could be killed"
+    os.kill(_replica_pid(ray_local, config, 0), signal.SIGKILL)
+    runner.join(timeout=900)
+    assert not runner.is_alive()
+    summary = outcome["summary"]
+    assert summary.retries >= 1 and not summary.units_failed
+    assert _committed_ids(config.output.uri) == _expected_ids(config)
