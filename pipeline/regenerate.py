@@ -89,7 +89,7 @@ class RegenerateReplica:
         from pipeline.targets.toy import resolve_model
 
         setup_logging()
-        self.backend = load_target(target_config)
+        self.backend = load_target(target_config, capture=True)
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(target_config.model))
 
     def ready(self) -> int:
