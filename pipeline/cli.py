@@ -177,8 +177,10 @@ def plan(config_path: Path) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"))
-@click.option("--num-conversations", type=int, default=6, show_default=True)
-def demo(out: Path, num_conversations: int) -> None:
+@click.option(
+    "--num-conversations", type=int, default=None, help="Corpus size (default: the config's)."
+)
+def demo(out: Path, num_conversations: int | None) -> None:
     """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target)."""
     from pipeline.demo import run_demo
 

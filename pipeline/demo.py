@@ -1,9 +1,14 @@
 """`make demo`: the embedded default end to end on one machine.
 
-Builds (or reuses) the trained toy target, writes the synthetic corpus, starts
-a local Ray with one replica actor holding a CPU vLLM engine, regenerates the
-first assistant turn of a few conversations and prints them beside the
-corpus' reference answers.
+1. builds (or reuses) the trained toy target;
+2. writes the synthetic corpus (JSONL + Parquet) for the user to look at;
+3. regenerates it on a local Ray with a CPU vLLM replica that captures hidden
+   states in the same pass, committing a dataset version under `<out>/dataset`;
+4. prints `inspect` of that version and a few regenerated answers read back
+   from the shards, beside the corpus' reference answers.
+
+Every step is resumable: a second `make demo` reuses the target and finds the
+dataset's units committed.
 """
 
 from __future__ import annotations
@@ -19,38 +24,22 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "jobs" / "configs" / "toy.yaml"
 
 
-def pick_demo_conversations(conversations: list[dict], count: int) -> list[dict]:
-    """The first `count` conversations, taken round-robin over domains."""
-    by_domain: dict[str, list[dict]] = {}
-    for conv in conversations:
-        by_domain.setdefault(conv["domain"], []).append(conv)
-    picked: list[dict] = []
-    depth = 0
-    while len(picked) < count and any(depth < len(v) for v in by_domain.values()):
-        for convs in by_domain.values():
-            if depth < len(convs) and len(picked) < count:
-                picked.append(convs[depth])
-        depth += 1
-    return picked
-
-
 def run_demo(
-    out_dir: Path, num_conversations: int = 6, config_path: Path = DEFAULT_CONFIG
-) -> list[dict]:
-    import ray
+    out_dir: Path, num_conversations: int | None = None, config_path: Path = DEFAULT_CONFIG
+) -> dict:
     from rich.console import Console
-    from rich.table import Table
-    from transformers import AutoTokenizer
 
     from pipeline.config import load_config
-    from pipeline.corpus.synthetic import SyntheticSpec, generate, write_corpus
-    from pipeline.render import first_prompt, render_prompt
-    from pipeline.replica import init_ray, start_replicas
-    from pipeline.targets.base import GenerationRequest
+    from pipeline.corpus.synthetic import SyntheticSpec, write_corpus
+    from pipeline.regenerate import run_regenerate
+    from pipeline.shards.tools import inspect_dataset
     from pipeline.targets.toy import resolve_model
 
     console = Console()
-    config = load_config(config_path)
+    overrides: dict = {"output.uri": str(out_dir / "dataset")}
+    if num_conversations:
+        overrides["corpus.synthetic.num_conversations"] = num_conversations
+    config = load_config(config_path, overrides=overrides)
     started = time.monotonic()
 
     console.rule("[bold]1. toy target")
@@ -61,61 +50,50 @@ def run_demo(
     syn = config.corpus.synthetic
     assert syn is not None, "the demo config uses the synthetic corpus"
     spec = SyntheticSpec(
-        num_conversations=syn.num_conversations,
-        seed=syn.seed,
-        multi_turn_fraction=syn.multi_turn_fraction,
-        domains=tuple(syn.domains),
+        syn.num_conversations, syn.seed, syn.multi_turn_fraction, tuple(syn.domains)
     )
-    paths = write_corpus(spec, out_dir / "corpus")
-    console.print("wrote " + ", ".join(str(p) for p in paths))
+    console.print("wrote " + ", ".join(str(p) for p in write_corpus(spec, out_dir / "corpus")))
 
-    console.rule("[bold]3. vLLM replica in a Ray actor")
+    console.rule("[bold]3. regenerate + capture (local Ray, CPU vLLM replica)")
+    summary = run_regenerate(config)
+    for line in summary.lines():
+        console.print(line)
+
+    console.rule("[bold]4. dspark-targets inspect " + config.output.uri)
+    console.print(inspect_dataset(config.output.uri).to_text(), markup=False)
+    console.print(answers_table(config, model_dir))
+    log.info("demo done %s", kv(total_s=round(time.monotonic() - started, 1)))
+    return {"summary": summary, "dataset": config.output.uri}
+
+
+def answers_table(config, model_dir: str, per_domain: int = 1):
+    """A rich table of regenerated first answers, read back from the committed shards."""
+    from rich.table import Table
+    from transformers import AutoTokenizer
+
+    from pipeline.corpus.ingest import load_corpus
+    from pipeline.corpus.records import sample_id
+    from pipeline.shards.reader import ShardReader
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    conversations = pick_demo_conversations(list(generate(spec)), num_conversations)
-    requests = [
-        GenerationRequest(
-            request_id=c["id"], prompt_ids=render_prompt(tokenizer, first_prompt(c["messages"]))
+    corpus = load_corpus(config.corpus)
+    wanted: dict[str, object] = {}
+    seen: dict[str, int] = {}
+    for conv in corpus.conversations:
+        if seen.get(conv.domain, 0) < per_domain:
+            seen[conv.domain] = seen.get(conv.domain, 0) + 1
+            wanted[sample_id(conv.conversation_id, 0)] = conv
+    table = Table(title="regenerated first answers (read back from the shards)", show_lines=True)
+    for column in ("domain", "prompt (last user turn)", "toy target's answer", "corpus reference"):
+        table.add_column(column)
+    for sample in ShardReader(config.output.uri, prefetch=0):
+        conv = wanted.get(sample.sample_id)
+        if conv is None:
+            continue
+        prompt = next(m["content"] for m in conv.messages if m["role"] == "user")
+        answer = tokenizer.decode(
+            sample.input_ids[sample.num_prompt_tokens :], skip_special_tokens=True
         )
-        for c in conversations
-    ]
-    init_ray(config.ray)
-    try:
-        actors = start_replicas(config.target, config.replicas)
-        t0 = time.monotonic()
-        generations = ray.get(actors[0].generate.remote(requests, config.generation))
-        gen_seconds = time.monotonic() - t0
-    finally:
-        ray.shutdown()
-
-    table = Table(title="regenerated first assistant turns (greedy)", show_lines=True)
-    table.add_column("domain")
-    table.add_column("prompt (last user turn)")
-    table.add_column("toy target's answer")
-    table.add_column("corpus reference")
-    rows = []
-    for conv, gen in zip(conversations, generations, strict=True):
-        prompt = first_prompt(conv["messages"])[-1]["content"]
-        answer = tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-        reference = next(m["content"] for m in conv["messages"] if m["role"] == "assistant")
-        table.add_row(conv["domain"], prompt, answer, reference)
-        rows.append(
-            {
-                "domain": conv["domain"],
-                "prompt": prompt,
-                "answer": answer,
-                "reference": reference,
-                "finish_reason": gen.finish_reason,
-            }
-        )
-    console.print(table)
-    num_tokens = sum(len(g.output_ids) for g in generations)
-    log.info(
-        "demo done %s",
-        kv(
-            conversations=len(rows),
-            generated_tokens=num_tokens,
-            generate_s=round(gen_seconds, 2),
-            total_s=round(time.monotonic() - started, 1),
-        ),
-    )
-    return rows
+        reference = next((m["content"] for m in conv.messages if m["role"] == "assistant"), "")
+        table.add_row(conv.domain, prompt, answer, reference)
+    return table
