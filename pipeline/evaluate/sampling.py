@@ -1,0 +1,178 @@
+"""Acceptance length at temperature > 0: the live loop with standard rejection sampling.
+
+Above temperature 0 the target's output is random, so the shards' greedy
+answers say nothing about which drafted tokens survive; the loop must run.
+Each round the draft samples n tokens left to right from q (its own
+previous sample feeds the Markov head), the target scores prompt + committed
+tokens + drafted tokens in one forward pass, and drafted token k survives
+with probability min(1, p_k(d_k) / q_k(d_k)); at the first rejection the
+target's token comes from the residual norm(max(0, p_k - q_k)), and if all
+survive the bonus comes from p_{n+1}. The emitted sequence is then
+distributed exactly as the target's own samples (Leviathan et al. 2023;
+tested statistically in tests/evaluate/test_sampling.py).
+
+The same forward pass yields the target's features of every committed
+position, which the next round's draft reads as context. Features are
+rounded to the dtype the shards store (bf16), as the draft saw in training.
+Temperature 0 is the same loop with argmax on both sides; its tau must equal
+the offline walk's on the same trajectory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.train.model import DraftModel
+
+
+@dataclass
+class Verdict:
+    """Result of verifying one batch of drafted blocks (N blocks, n slots)."""
+
+    accepted: torch.Tensor  # (N,) int64 drafted tokens kept
+    next_token: torch.Tensor  # (N,) int64 the target's token after them (correction or bonus)
+
+
+def rejection_sample(
+    *,
+    draft_tokens: torch.Tensor,  # (N, n) int64 tokens the draft sampled
+    draft_probs: torch.Tensor,  # (N, n, V) q_k: the distribution each token was sampled from
+    target_probs: torch.Tensor,  # (N, n+1, V) p_k given the drafted prefix; row n = bonus
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Standard speculative rejection sampling; the output is distributed as the target's."""
+    import torch
+
+    n = draft_tokens.shape[1]
+    idx = draft_tokens[..., None]
+    p = target_probs[:, :n].gather(-1, idx).squeeze(-1)  # (N, n)
+    q = draft_probs.gather(-1, idx).squeeze(-1)  # (N, n)
+    u = torch.rand(p.shape, generator=generator, dtype=p.dtype)
+    keep = u * q < p  # u < p/q without dividing (q > 0: the draft sampled the token)
+    accepted = torch.cumprod(keep.long(), dim=-1).sum(-1)  # (N,)
+    rows = torch.arange(draft_tokens.shape[0])
+    p_at = target_probs[rows, accepted]  # (N, V): p at the first rejection, or the bonus row
+    q_at = torch.zeros_like(p_at)
+    rejected = accepted < n
+    q_at[rejected] = draft_probs[rows[rejected], accepted[rejected]]
+    residual = (p_at - q_at).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    # p == q leaves no residual mass; a rejection then has probability 0, so fall back to p.
+    dist = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_at)
+    next_token = torch.multinomial(dist, 1, generator=generator).squeeze(-1)
+    return Verdict(accepted=accepted, next_token=next_token)
+
+
+class HFVerifier:
+    """The target as the live loop needs it: probabilities and captured features of a sequence.
+
+    Wraps the reference backend (`pipeline.targets.hf_backend.HFTarget`); aux
+    ids follow the capture convention (HF `hidden_states[k]`, k < L).
+    """
+
+    def __init__(self, model_dir: str, aux_layer_ids: Sequence[int], dtype: str = "float32"):
+        from pipeline.config import TargetConfig
+        from pipeline.targets.hf_backend import HFTarget
+
+        self.target = HFTarget(
+            TargetConfig(
+                model=str(model_dir), backend="hf", dtype=dtype, aux_layer_ids=list(aux_layer_ids)
+            ),
+            str(model_dir),
+        )
+        self.aux_layer_ids = tuple(aux_layer_ids)
+        self.eos_ids = self.target.eos_ids
+
+    def forward(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (T, V) fp32, features (T, k*H)) for the token sequence `ids`."""
+        import torch
+
+        with torch.no_grad():
+            out = self.target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[k][0] for k in self.aux_layer_ids], dim=-1)
+        return out.logits[0].float(), feats
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    import torch
+
+    if temperature <= 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+@dataclass
+class LiveRun:
+    """One prompt decoded speculatively."""
+
+    output: list[int]  # generated tokens
+    accepted: list[int]  # accepted drafted tokens per round
+    finish_reason: str  # "stop" | "length"
+
+
+def live_decode(
+    *,
+    model: DraftModel,
+    verifier: HFVerifier,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+    use_heads: bool = True,
+    feature_dtype: str = "bfloat16",
+) -> LiveRun:
+    """Speculative decoding of one prompt (see the module docstring)."""
+    import torch
+
+    from pipeline.evaluate.drafting import run_blocks, sample_slots
+
+    fdt = getattr(torch, feature_dtype)
+    n = model.spec.num_draft_tokens
+    logits, feats = verifier.forward(prompt)
+    first = torch.multinomial(_probs(logits[-1:], temperature), 1, generator=generator)
+    seq = list(prompt) + [int(first)]
+    features = feats.to(fdt)  # (len(seq) - 1, k*H): every committed position but the anchor
+    output, accepted_log = [int(first)], []
+    while output[-1] not in verifier.eos_ids and len(output) < max_new_tokens:
+        a = len(seq) - 1
+        ids = torch.tensor(seq)
+        ctx = torch.cat([features, features.new_zeros(1, features.shape[1])])
+        with torch.no_grad():
+            base, hidden = run_blocks(model, ids, ctx, torch.tensor([a]))
+            blocks = sample_slots(
+                base_logits=base,
+                hidden=hidden,
+                first_prev=ids[a : a + 1],
+                model=model,
+                use_heads=use_heads,
+                temperature=temperature,
+                generator=generator,
+            )
+        drafted = blocks.tokens[0].tolist()
+        logits, feats = verifier.forward(seq + drafted)
+        p = _probs(logits[a : a + n + 1], temperature)[None]  # (1, n+1, V)
+        q = (
+            blocks.probs
+            if blocks.probs is not None
+            else torch.nn.functional.one_hot(blocks.tokens, p.shape[-1]).float()
+        )
+        verdict = rejection_sample(
+            draft_tokens=blocks.tokens, draft_probs=q, target_probs=p, generator=generator
+        )
+        acc = int(verdict.accepted[0])
+        new = drafted[:acc] + [int(verdict.next_token[0])]
+        accepted_log.append(acc)
+        # Stop at end of turn or the token limit, as a serving engine truncates its output.
+        for tok in new:
+            seq.append(tok)
+            output.append(tok)
+            if tok in verifier.eos_ids or len(output) >= max_new_tokens:
+                break
+        features = feats[: len(seq) - 1].to(fdt)
+    finish = "stop" if output[-1] in verifier.eos_ids else "length"
+    return LiveRun(output, accepted_log, finish)
