@@ -1,92 +1,53 @@
-"""Device-agnostic hidden-state capture for vLLM's ``extract_hidden_states``.
+"""vLLM KV connector that copies captured hidden states out of the engine, every step.
 
-How vLLM produces the data
---------------------------
-With ``speculative_config={"method": "extract_hidden_states", ...}`` the target
-model returns, next to its output, the residual stream (``hidden + residual``)
-after each requested decoder layer ("aux ids", in ascending layer order). The
-``ExtractHiddenStatesProposer`` then runs a one-layer dummy "draft" model whose
-only attention layer (a ``CacheOnlyAttentionLayer``) scatters those rows into a
-paged cache of its own, exactly like K/V: one slot per token position, each slot
-holding ``[num_aux_layers, hidden_size]``. The proposer "drafts" one token per
-step; every decode step therefore schedules two positions per request (the
-real last token and a throw-away draft) and the draft row is overwritten the
-next step when the draft is rejected.
+Loaded by vLLM itself (`kv_connector_module_path`) in the engine-core process
+(role SCHEDULER) and in every worker (role WORKER); the owner of the engine
+never imports it. Owner-side helpers (engine arguments, the spool format,
+assembly) live in `pipeline.targets.capture`. See docs/capture.md.
 
-What this connector does
-------------------------
-vLLM's reference ``ExampleHiddenStatesConnector`` waits until a request finishes,
-then copies its rows out of the cache with CUDA streams and pinned memory and
-writes one safetensors file per request. This connector instead copies, *every
-engine step*, the rows that the step just wrote (positions
-``[num_computed_tokens, num_computed_tokens + num_scheduled_tokens)`` of each
-capturing request) and hands them to a *sink* as one ``CaptureChunk`` per step.
-Because the copy happens synchronously inside the step (in ``wait_for_save``,
-which vLLM calls after the draft forward), every row of a request is in the
-sink before the engine even emits that request's final ``RequestOutput``: the
-owner can assemble a request as soon as ``LLM.generate`` returns, with no
-locks, no polling and no delayed block freeing.
+How vLLM produces the rows: with `speculative_config={"method":
+"extract_hidden_states", ...}` the target returns the residual stream
+(`hidden + residual`) after each requested decoder layer, in ascending layer
+order, and the `ExtractHiddenStatesProposer` runs a dummy "draft" whose only
+layer (`CacheOnlyAttentionLayer`) scatters them into a paged cache of its own,
+like K/V: one slot per token position holding (num_aux, H). The proposer
+"drafts" one token per step, so every decode step schedules two positions per
+request (the real last token and a throw-away draft); a rejected draft's row
+is overwritten the next step.
 
-Rows of a later step overwrite rows of an earlier step at the same position
-(rejected draft positions, recomputation after preemption): assembly is
-"last write wins" in step order.
+What this connector does: the scheduler side records, per step, the positions
+each capturing request computes (`[num_computed, num_computed + scheduled)`,
+plus `[0, num_computed)` on a request's first step) and the hidden-state cache
+blocks that hold them. The worker side, in `wait_for_save` (vLLM calls it
+after the draft forward of the same step), gathers those slots, copies them to
+CPU as one `CaptureChunk` and hands it to the sink. So every row of a request
+is in the sink before the engine emits the request's final output: the owner
+assembles results right after `LLM.generate` returns, with no locks, polling
+or delayed block frees. Only plain tensor indexing and `.to("cpu")`: no CUDA
+streams, events or pinned buffers (vLLM's `ExampleHiddenStatesConnector`
+needs them), so the same code runs on CPU and GPUs. With TP > 1 only TP rank 0
+writes (its rank runs on the owner's node under vLLM's executors).
 
-Why not return the rows in ``RequestOutput.kv_transfer_params``? In vLLM 0.32
-``build_connector_worker_meta`` (the only worker -> scheduler data path) runs
-right after the *target* forward, before the draft forward writes the step's
-rows, and the scheduler calls ``request_finished`` before
-``update_connector_output``. The rows of a request's last step would arrive
-one step after its output has left. Hence a side channel (the sink).
+Why a side channel: in vLLM 0.32 the worker -> scheduler metadata
+(`build_connector_worker_meta`) is built right after the *target* forward,
+before the draft forward writes the rows, and the scheduler calls
+`request_finished` before `update_connector_output`, so the last step's rows
+would arrive after the request's output has left.
 
-Sinks (``kv_connector_extra_config["capture_transport"]``)
----------------------------------------------------------
-* ``"spool"`` (default): one file per engine step in ``capture_dir`` (use a
-  tmpfs such as ``/dev/shm``); works with vLLM's engine-core subprocess
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, the default), inside Ray actors, and with
-  TP > 1 (only TP rank 0 writes; rank 0 runs on the owner's node). Written
-  atomically (temp name + rename).
-* ``"inprocess"``: chunks go to a module-level registry; only valid when the
-  worker runs in the owner's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and a
-  single worker). Zero file I/O.
-* ``"discard"``: rows are gathered and dropped (profiling only).
-
-The worker logs the time it spent in ``wait_for_save`` at shutdown.
-
-Per-request opt-in
-------------------
-A request is captured only when its ``SamplingParams.extra_args`` carry
-``{"kv_transfer_params": {"capture_key": <our sample id>,
-"include_output_tokens": True}}``. ``capture_key`` names the result (vLLM's own
-request ids restart at 0 per engine and are suffixed internally); without
-``include_output_tokens`` only prompt positions are kept.
-
-Owner side
-----------
-``CaptureReader(capture_dir, transport).collect()`` drains all chunks written
-since the previous call and returns ``{capture_key: tensor[num_positions,
-num_aux_layers, hidden]}`` (positions 0..n-1 of prompt + generated tokens; the
-final sampled token is never fed back, so it has no row). Use
-``trim_to(result, len(prompt) + len(output) - 1)`` to drop any draft row
-beyond the last fed position.
-
-Only ``torch`` indexing and ``.to("cpu")`` are used: no CUDA streams, events or
-pinned buffers, so the same code runs on CPU, CUDA, ROCm or XPU.
+Per-request opt-in: `SamplingParams.extra_args = capture.capture_params(key)`.
+Requests without it are served and not captured. The key is echoed in
+`RequestOutput.kv_transfer_params`.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import pickle
-import threading
 import time
-import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from vllm.config import VllmConfig, get_layers_from_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -95,6 +56,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.logger import init_logger
+
+from pipeline.targets.capture import CONNECTOR_NAME, CaptureChunk, put_inprocess, write_spool
 
 if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext
@@ -106,20 +69,16 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-CONNECTOR_NAME = "HiddenStateCaptureConnector"
-CONNECTOR_MODULE = __name__
+# The extract_hidden_states draft registers its cache layer under this name.
 CACHE_LAYER_MARKER = "cache_only_layers"
 
 
-# --------------------------------------------------------------------------
-# Data exchanged between the scheduler, the worker and the owner
-# --------------------------------------------------------------------------
 @dataclass
 class CaptureSpan:
-    """Positions ``[start, start + length)`` of one request, written this step.
+    """Positions `[start, start + length)` of one request, computed this step.
 
-    ``block_ids`` are the hidden-state cache blocks covering the span, the first
-    of them holding position ``first_block * block_size``.
+    `block_ids` are the hidden-state cache blocks covering the span; the first
+    holds positions from `first_block * block_size`.
     """
 
     key: str
@@ -131,202 +90,26 @@ class CaptureSpan:
 
 @dataclass
 class CaptureMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, once per step."""
+
     step: int = -1
     spans: list[CaptureSpan] = field(default_factory=list)
 
 
-@dataclass
-class CaptureChunk:
-    """Rows written by one engine step, for all capturing requests.
-
-    ``rows[offsets[i] : offsets[i] + lengths[i]]`` are positions
-    ``starts[i] ...`` of request ``keys[i]``; ``rows`` is
-    ``[total_rows, num_aux_layers, hidden_size]`` on CPU, in the model dtype.
-    """
-
-    step: int
-    keys: list[str]
-    starts: list[int]
-    lengths: list[int]
-    rows: torch.Tensor
-
-
-# --------------------------------------------------------------------------
-# Sinks
-# --------------------------------------------------------------------------
-_INPROCESS: dict[str, list[CaptureChunk]] = defaultdict(list)
-_INPROCESS_LOCK = threading.Lock()
-
-
-def _put_inprocess(channel: str, chunk: CaptureChunk) -> None:
-    with _INPROCESS_LOCK:
-        _INPROCESS[channel].append(chunk)
-
-
-def _take_inprocess(channel: str) -> list[CaptureChunk]:
-    with _INPROCESS_LOCK:
-        return _INPROCESS.pop(channel, [])
-
-
-def _write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
-    """One pickle (protocol 5) per step: metadata + the rows' raw bytes."""
-    name = f"{chunk.step:012d}-{writer_id}.pkl"
-    tmp = os.path.join(directory, f".{name}.tmp")
-    rows = chunk.rows.contiguous()
-    payload = (
-        chunk.step,
-        chunk.keys,
-        chunk.starts,
-        chunk.lengths,
-        str(rows.dtype).removeprefix("torch."),
-        tuple(rows.shape),
-        rows.view(torch.uint8).numpy(),
-    )
-    with open(tmp, "wb") as f:
-        pickle.dump(payload, f, protocol=5)
-    os.replace(tmp, os.path.join(directory, name))
-
-
-def _read_spool(directory: str) -> list[CaptureChunk]:
-    names = sorted(n for n in os.listdir(directory) if n.endswith(".pkl") and not n.startswith("."))
-    chunks = []
-    for name in names:
-        path = os.path.join(directory, name)
-        with open(path, "rb") as f:
-            step, keys, starts, lengths, dtype, shape, raw = pickle.load(f)
-        os.remove(path)
-        rows = torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
-        chunks.append(CaptureChunk(step, keys, starts, lengths, rows))
-    return chunks
-
-
-# --------------------------------------------------------------------------
-# Owner side
-# --------------------------------------------------------------------------
-def capture_params(key: str, include_output_tokens: bool = True) -> dict[str, Any]:
-    """``SamplingParams.extra_args`` that make one request captured under ``key``."""
-    return {
-        "kv_transfer_params": {
-            "capture_key": str(key),
-            "include_output_tokens": bool(include_output_tokens),
-        }
-    }
-
-
-def kv_transfer_config(
-    capture_dir: str | None = None,
-    transport: str = "spool",
-    module_path: str = CONNECTOR_MODULE,
-) -> dict[str, Any]:
-    """The ``kv_transfer_config`` argument of ``vllm.LLM`` for this connector."""
-    extra: dict[str, Any] = {"capture_transport": transport}
-    if transport == "spool":
-        if not capture_dir:
-            raise ValueError("the spool transport needs capture_dir")
-        extra["capture_dir"] = capture_dir
-    elif transport == "inprocess":
-        extra["capture_channel"] = capture_dir or uuid.uuid4().hex
-    elif transport == "discard":
-        pass
-    else:
-        raise ValueError(f"unknown capture transport {transport!r}")
-    return {
-        "kv_connector": CONNECTOR_NAME,
-        "kv_connector_module_path": module_path,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": extra,
-    }
-
-
-def speculative_config(aux_layer_ids: list[int]) -> dict[str, Any]:
-    """The ``speculative_config`` argument of ``vllm.LLM`` capturing ``aux_layer_ids``.
-
-    Aux id k = residual stream after k decoder layers (0 = embeddings, L = the
-    last layer's output before the final norm). vLLM emits them in ascending
-    layer order whatever the list order, so the list must be sorted and unique.
-    """
-    ids = [int(i) for i in aux_layer_ids]
-    if ids != sorted(set(ids)):
-        raise ValueError(f"aux layer ids must be sorted and unique: {ids}")
-    return {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
-    }
-
-
-class CaptureReader:
-    """Owner-side view of one engine's captures (same ``kv_transfer_config``)."""
-
-    def __init__(self, config: dict[str, Any]):
-        extra = config["kv_connector_extra_config"]
-        self.transport = extra["capture_transport"]
-        self.capture_dir = extra.get("capture_dir")
-        self.channel = extra.get("capture_channel")
-
-    def take_chunks(self) -> list[CaptureChunk]:
-        if self.transport == "spool":
-            chunks = _read_spool(self.capture_dir)
-        else:
-            chunks = _take_inprocess(self.channel)
-        chunks.sort(key=lambda c: c.step)
-        return chunks
-
-    def collect(self) -> dict[str, torch.Tensor]:
-        """Drain every chunk written so far; ``{key: [positions, layers, hidden]}``.
-
-        Call after ``LLM.generate`` returned (every row of a finished request is
-        written before its output is emitted). Later steps overwrite earlier
-        ones at the same position.
-        """
-        pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-        for chunk in self.take_chunks():
-            offset = 0
-            for key, start, length in zip(chunk.keys, chunk.starts, chunk.lengths):
-                pieces[key].append((start, chunk.rows[offset : offset + length]))
-                offset += length
-        out: dict[str, torch.Tensor] = {}
-        for key, parts in pieces.items():
-            end = max(s + r.shape[0] for s, r in parts)
-            first = parts[0][1]
-            buf = first.new_empty((end, *first.shape[1:]))
-            written = torch.zeros(end, dtype=torch.bool)
-            for start, rows in parts:
-                buf[start : start + rows.shape[0]] = rows
-                written[start : start + rows.shape[0]] = True
-            if not bool(written.all()):
-                missing = (~written).nonzero().flatten()[:8].tolist()
-                raise RuntimeError(f"capture {key!r}: positions never written: {missing}...")
-            out[key] = buf
-        return out
-
-
-def trim_to(rows: torch.Tensor, num_fed_positions: int) -> torch.Tensor:
-    """Keep positions ``0 .. num_fed_positions-1`` (prompt + output minus one)."""
-    if rows.shape[0] < num_fed_positions:
-        raise RuntimeError(f"captured {rows.shape[0]} positions, expected {num_fed_positions}")
-    return rows[:num_fed_positions]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The target's final RMSNorm (HF Qwen/Llama semantics), for aux id L."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight.to(dtype) * h.to(dtype)
-
-
-# --------------------------------------------------------------------------
-# The connector (instantiated by vLLM: once with role SCHEDULER in the engine
-# core, once with role WORKER in every worker)
-# --------------------------------------------------------------------------
 class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
+    """Store-only connector: copies each step's captured rows to the configured sink.
+
+    vLLM builds one instance with role SCHEDULER (engine core) and one with role
+    WORKER per worker; `kv_connector_extra_config` carries `capture_transport`
+    and `capture_dir` / `capture_channel` (see `capture.kv_transfer_config`).
+    """
+
     def __init__(
         self,
         vllm_config: VllmConfig,
         role: KVConnectorRole,
         kv_cache_config: KVCacheConfig | None = None,
-    ):
+    ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         spec = vllm_config.speculative_config
         if spec is None or spec.method != "extract_hidden_states":
@@ -345,49 +128,30 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
             raise ValueError(f"unknown capture_transport {self._transport!r}")
 
         # Scheduler side.
-        self._group_id = self._find_group_id(kv_cache_config)
-        self._block_size = self._group_block_size(vllm_config, kv_cache_config, self._group_id)
+        self._group_id = _hidden_state_group(kv_cache_config)
+        if kv_cache_config is None:
+            self._block_size = vllm_config.cache_config.block_size
+        else:
+            group = kv_cache_config.kv_cache_groups[self._group_id]
+            self._block_size = group.kv_cache_spec.block_size
         self._keys: dict[str, str] = {}  # vLLM request id -> capture key
-        self._prompt_only: dict[str, int] = {}  # request id -> prompt length
-        self._seen: set[str] = set()
+        self._seen: set[str] = set()  # requests scheduled at least once
         self._step = itertools.count()
 
         # Worker side.
-        self._cache: torch.Tensor | None = None
+        self._cache: torch.Tensor | None = None  # (num_blocks, num_aux, block_size, H)
         self._writes = True  # TP rank 0 only; set in register_kv_caches
-        self._writer_id = f"{os.getpid()}"
+        self._writer_id = str(os.getpid())
         self._save_s = 0.0
         self._save_steps = 0
         self._save_rows = 0
 
-    # ---------------------------------------------------------------- helpers
-    @staticmethod
-    def _find_group_id(kv_cache_config: KVCacheConfig | None) -> int:
-        if kv_cache_config is None:
-            return 0
-        groups = kv_cache_config.kv_cache_groups
-        hits = [
-            gid
-            for gid, group in enumerate(groups)
-            if any(CACHE_LAYER_MARKER in name for name in group.layer_names)
-        ]
-        if len(hits) != 1:
-            raise ValueError(f"cannot locate the hidden-state cache group among {len(groups)}")
-        return hits[0]
+    # ------------------------------------------------------------------ scheduler side
 
-    @staticmethod
-    def _group_block_size(
-        vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None, gid: int
-    ) -> int:
-        if kv_cache_config is None:
-            return vllm_config.cache_config.block_size
-        return kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size
-
-    # ============================================================ scheduler
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        return 0, False  # store-only
+        return 0, False  # store-only: never loads anything
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -395,15 +159,12 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         return None
 
     def on_new_request(self, request: Request) -> None:
-        params = request.kv_transfer_params or {}
-        key = params.get("capture_key")
-        if key is None:
-            return
-        self._keys[request.request_id] = str(key)
-        if not params.get("include_output_tokens", False):
-            self._prompt_only[request.request_id] = request.num_prompt_tokens
+        key = (request.kv_transfer_params or {}).get("capture_key")
+        if key is not None:
+            self._keys[request.request_id] = str(key)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """The spans every capturing request computes this step, with their cache blocks."""
         meta = CaptureMetadata(step=next(self._step))
         if not self._keys:
             return meta
@@ -411,25 +172,23 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         for new in scheduler_output.scheduled_new_reqs:
             computed[new.req_id] = new.num_computed_tokens
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id, n in zip(cached.req_ids, cached.num_computed_tokens):
+        for req_id, n in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             computed[req_id] = n
         resumed = cached.resumed_req_ids
         bs = self._block_size
+        assert self._kv_cache_manager is not None
         for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
             key = self._keys.get(req_id)
             if key is None:
                 continue
             end = computed[req_id] + num_new
-            # First time (or after preemption) also emit positions served from
-            # the prefix cache: their rows are in the shared cached blocks.
-            start = 0 if (req_id not in self._seen or req_id in resumed) else computed[req_id]
+            # On a request's first step (or after preemption) also emit positions
+            # computed earlier (prefix-cache hits): their rows sit in its blocks.
+            first_time = req_id not in self._seen or req_id in resumed
+            start = 0 if first_time else computed[req_id]
             self._seen.add(req_id)
-            limit = self._prompt_only.get(req_id)
-            if limit is not None:
-                end = min(end, limit)
             if end <= start:
                 continue
-            assert self._kv_cache_manager is not None
             blocks = self._kv_cache_manager.get_block_ids(req_id)[self._group_id]
             first, last = start // bs, (end - 1) // bs
             meta.spans.append(
@@ -440,13 +199,12 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        req_id = request.request_id
-        self._seen.discard(req_id)
-        self._prompt_only.pop(req_id, None)
-        key = self._keys.pop(req_id, None)
+        self._seen.discard(request.request_id)
+        key = self._keys.pop(request.request_id, None)
         if key is None:
             return False, None
-        # Echo the key: the owner can match outputs without relying on vLLM ids.
+        # Blocks are freed at once (rows were copied inside their step); the key
+        # is echoed so the owner can match outputs without vLLM's request ids.
         return False, {"capture_key": key}
 
     def request_finished_all_groups(
@@ -454,7 +212,8 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished(request, [])
 
-    # ============================================================== worker
+    # ------------------------------------------------------------------ worker side
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
         from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
@@ -464,16 +223,24 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         )
         if len(layers) != 1:
             raise ValueError(f"expected one CacheOnlyAttentionLayer, found {list(layers)}")
-        name = next(iter(layers))
-        self._cache = kv_caches[name]
+        name, layer = next(iter(layers.items()))
+        cache = kv_caches[name]
+        # Layout written by CacheOnlyAttentionImpl: (num_blocks, num_aux, block_size, H).
+        if (
+            cache.dim() != 4
+            or cache.shape[1] != layer.num_heads
+            or cache.shape[3] != layer.head_size
+        ):
+            raise ValueError(f"unexpected hidden-state cache shape {tuple(cache.shape)}")
+        self._cache = cache
+        self._block_size = cache.shape[2]
         self._writes = get_tensor_model_parallel_rank() == 0
-        # Layout written by CacheOnlyAttentionImpl: [blocks, layers, block, hidden].
-        layer = layers[name]
-        if self._cache.dim() != 4 or self._cache.shape[1] != layer.num_heads or self._cache.shape[3] != layer.head_size:
-            raise ValueError(f"unexpected hidden-state cache shape {tuple(self._cache.shape)}")
-        self._block_size = self._cache.shape[2]
         logger.info(
-            "%s: cache %s %s, transport %s", CONNECTOR_NAME, name, tuple(self._cache.shape), self._transport
+            "%s: cache %s %s, transport %s",
+            CONNECTOR_NAME,
+            name,
+            tuple(cache.shape),
+            self._transport,
         )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
@@ -483,26 +250,33 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         return None
 
     def save_kv_layer(
-        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
     ) -> None:
-        return None  # rows are read in wait_for_save, after the draft forward
+        return None  # rows are read in wait_for_save, after the draft forward wrote them
 
     def wait_for_save(self) -> None:
-        """Copy this step's rows out of the hidden-state cache, hand them to the sink."""
+        """Gather this step's rows from the hidden-state cache; hand them to the sink."""
         if not self._writes or self._cache is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
         if not isinstance(meta, CaptureMetadata) or not meta.spans:
             return
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         bs = self._block_size
-        slot_lists = []
+        block_of: list[int] = []  # cache block of each row
+        offset_of: list[int] = []  # slot inside that block
         for span in meta.spans:
-            pos = torch.arange(span.start, span.start + span.length, dtype=torch.long)
-            blocks = torch.tensor(span.block_ids, dtype=torch.long)
-            slot_lists.append(blocks[pos // bs - span.first_block] * bs + pos % bs)
-        slots = torch.cat(slot_lists).to(self._cache.device)
-        rows = self._cache[slots // bs, :, slots % bs].to("cpu")
+            for pos in range(span.start, span.start + span.length):
+                block_of.append(span.block_ids[pos // bs - span.first_block])
+                offset_of.append(pos % bs)
+        device = self._cache.device
+        blocks = torch.tensor(block_of, dtype=torch.long, device=device)
+        offsets = torch.tensor(offset_of, dtype=torch.long, device=device)
+        rows = self._cache[blocks, :, offsets].to("cpu")  # (num_rows, num_aux, H): a copy
         chunk = CaptureChunk(
             step=meta.step,
             keys=[s.key for s in meta.spans],
@@ -511,10 +285,10 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
             rows=rows,
         )
         if self._transport == "spool":
-            _write_spool(self._capture_dir, self._writer_id, chunk)
+            write_spool(self._capture_dir, self._writer_id, chunk)
         elif self._transport == "inprocess":
-            _put_inprocess(self._channel, chunk)
-        self._save_s += time.perf_counter() - t0
+            put_inprocess(self._channel, chunk)
+        self._save_s += time.perf_counter() - started
         self._save_steps += 1
         self._save_rows += rows.shape[0]
 
@@ -522,10 +296,28 @@ class HiddenStateCaptureConnector(KVConnectorBase_V1, SupportsHMA):
         if self._role == KVConnectorRole.WORKER and self._save_steps:
             logger.info(
                 "%s: %d steps, %d rows, %.3f s in wait_for_save (%.2f ms/step)",
-                CONNECTOR_NAME, self._save_steps, self._save_rows, self._save_s,
+                CONNECTOR_NAME,
+                self._save_steps,
+                self._save_rows,
+                self._save_s,
                 1e3 * self._save_s / self._save_steps,
             )
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return None
+
+
+def _hidden_state_group(kv_cache_config: KVCacheConfig | None) -> int:
+    """Index of the KV-cache group that holds the hidden-state cache layer."""
+    if kv_cache_config is None:
+        return 0
+    groups = kv_cache_config.kv_cache_groups
+    hits = [
+        gid
+        for gid, group in enumerate(groups)
+        if any(CACHE_LAYER_MARKER in name for name in group.layer_names)
+    ]
+    if len(hits) != 1:
+        raise ValueError(f"cannot locate the hidden-state cache group among {len(groups)} groups")
+    return hits[0]

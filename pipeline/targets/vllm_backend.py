@@ -1,20 +1,36 @@
-"""vLLM backend: the production implementation of `TargetBackend`.
+"""vLLM backend: the production implementation of `TargetBackend` and `CapturingBackend`.
 
 One instance owns one engine (one target replica). Prompts go in as token ids
 (the project renders chat templates itself, so the token ids that are stored
 are exactly the ones the engine saw) and results come back keyed by the
 project's request ids, never by vLLM's per-engine counters.
+
+With `capture=True` the engine runs vLLM's `extract_hidden_states`
+speculative method plus the project's connector, so generation and hidden-state
+capture happen in one pass (docs/capture.md); such an engine also serves plain
+`generate` calls, at the cost of the method's extra draft position per step.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pipeline.config import GenerationConfig, TargetConfig
 from pipeline.logs import kv
-from pipeline.targets.base import Generation, GenerationRequest, request_seed
+from pipeline.targets.base import (
+    CapturedGeneration,
+    Generation,
+    GenerationRequest,
+    default_aux_layer_ids,
+    request_seed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +55,70 @@ def engine_kwargs(config: TargetConfig, model_dir: str) -> dict[str, Any]:
 
 
 class VLLMTarget:
-    def __init__(self, config: TargetConfig, model_dir: str) -> None:
+    """One vLLM engine; with `capture=True` it implements `CapturingBackend` too."""
+
+    def __init__(self, config: TargetConfig, model_dir: str, capture: bool = False) -> None:
         from vllm import LLM
 
         self.config = config
+        self.capture = capture
         kwargs = engine_kwargs(config, model_dir)
-        log.info("starting vLLM engine %s", kv(model=model_dir, dtype=config.dtype))
+        if capture:
+            self._setup_capture(config, model_dir, kwargs)
+        log.info(
+            "starting vLLM engine %s", kv(model=model_dir, dtype=config.dtype, capture=capture)
+        )
         self.llm = LLM(**kwargs)
         self.eos_id = self.llm.get_tokenizer().eos_token_id
 
-    def sampling_params(self, request: GenerationRequest, params: GenerationConfig):
+    def _setup_capture(self, config: TargetConfig, model_dir: str, kwargs: dict[str, Any]) -> None:
+        """Capture engine arguments, layer ids, the final norm and this engine's spool dir."""
+        import torch
+        from transformers import AutoConfig
+
+        from pipeline.targets import capture
+        from pipeline.targets.hf_backend import check_aux_layer_ids
+
+        hf_config = AutoConfig.from_pretrained(model_dir, revision=config.revision)
+        text_config = getattr(hf_config, "text_config", hf_config)
+        num_layers = text_config.num_hidden_layers
+        self.aux_layer_ids = tuple(config.aux_layer_ids or default_aux_layer_ids(num_layers))
+        check_aux_layer_ids(self.aux_layer_ids, num_layers, model_dir)
+        self.hidden_size = int(text_config.hidden_size)
+        self.dtype = getattr(torch, config.dtype)
+        norm_weight, self.norm_eps = capture.load_final_norm(model_dir, config.revision)
+        self.norm_weight = norm_weight.to(self.dtype)
+        for key in ("speculative_config", "kv_transfer_config"):
+            if key in kwargs:
+                raise ValueError(
+                    f"target {config.model}: engine_kwargs.{key} conflicts with capture "
+                    "(the capture engine sets it); remove it from the target config"
+                )
+        if kwargs.get("enable_prefix_caching"):
+            log.warning(
+                "enable_prefix_caching is ignored by the capture engine "
+                "(capture with prefix-cache hits is not verified; docs/capture.md)"
+            )
+        kwargs["enable_prefix_caching"] = False
+        # Aux id L (the last layer's output, before the final norm) gives the
+        # final hidden state once the norm is applied here.
+        kwargs["speculative_config"] = capture.speculative_config([*self.aux_layer_ids, num_layers])
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: no disk I/O
+        self.spool_dir = tempfile.mkdtemp(prefix="dspark-capture-", dir=shm)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.spool_dir, True)
+        self.kv_config = capture.kv_transfer_config(
+            os.environ.get("DSPARK_CAPTURE_TRANSPORT", "spool"), self.spool_dir
+        )
+        kwargs["kv_transfer_config"] = self.kv_config
+        self.reader = capture.CaptureReader(self.kv_config)
+        _export_package_path()
+
+    def sampling_params(
+        self,
+        request: GenerationRequest,
+        params: GenerationConfig,
+        extra_args: dict[str, Any] | None = None,
+    ):
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -62,15 +132,19 @@ class VLLMTarget:
             include_stop_str_in_output=True,
             skip_special_tokens=False,
             detokenize=False,
+            extra_args=extra_args,
         )
 
-    def generate(
-        self, requests: Sequence[GenerationRequest], params: GenerationConfig
-    ) -> list[Generation]:
+    def _run(self, requests: Sequence[GenerationRequest], params: GenerationConfig, capture: bool):
         from vllm.inputs import TokensPrompt
 
+        from pipeline.targets.capture import capture_params
+
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        sampling = [self.sampling_params(r, params) for r in requests]
+        sampling = [
+            self.sampling_params(r, params, capture_params(r.request_id) if capture else None)
+            for r in requests
+        ]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         results = []
         for request, out in zip(requests, outputs, strict=True):
@@ -83,10 +157,91 @@ class VLLMTarget:
                     finish_reason="stop" if completion.finish_reason == "stop" else "length",
                 )
             )
+        return results, outputs
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: GenerationConfig
+    ) -> list[Generation]:
+        return self._run(requests, params, capture=False)[0]
+
+    def generate_and_capture(
+        self, requests: Sequence[GenerationRequest], params: GenerationConfig
+    ) -> list[CapturedGeneration]:
+        """Generate and capture in one engine pass; results in request order.
+
+        Rows follow the `CapturedGeneration` contract: T = prompt + output, row t
+        = states when token t was fed, row T-1 zero (the last token is never fed;
+        the engine's row there, if any, belongs to a throw-away draft token).
+        """
+        if not self.capture:
+            raise TypeError(
+                "this vLLM target was loaded without capture; use load_target(config, capture=True)"
+            )
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request ids must be unique within a batch (they key the captures)")
+        self.reader.take_chunks()  # drop leftovers of an earlier failed call
+        try:
+            generations, outputs = self._run(requests, params, capture=True)
+        except BaseException:
+            self.reader.take_chunks()
+            raise
+        rows = self.reader.collect()
+        results = []
+        for gen, out in zip(generations, outputs, strict=True):
+            echoed = (out.kv_transfer_params or {}).get("capture_key")
+            if echoed != gen.request_id:
+                raise RuntimeError(
+                    f"vLLM output for {gen.request_id!r} echoes capture key {echoed!r}"
+                )
+            captured = rows.pop(gen.request_id, None)
+            if captured is None:
+                raise RuntimeError(f"no hidden states were captured for {gen.request_id!r}")
+            results.append(self._to_captured(gen, captured))
         return results
+
+    def _to_captured(self, gen: Generation, captured) -> CapturedGeneration:
+        """(positions, k+1, H) engine rows -> the contract's (T, k*H) and (T, H) tensors."""
+        import torch
+
+        from pipeline.targets.capture import rms_norm
+
+        num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
+        fed = num_tokens - 1
+        if captured.shape[0] < fed:
+            raise RuntimeError(
+                f"{gen.request_id!r}: captured {captured.shape[0]} positions, expected {fed}"
+            )
+        k = len(self.aux_layer_ids)
+        captured = captured[:fed].to(self.dtype)  # drop the draft row at position T-1
+        hidden = torch.zeros(num_tokens, k * self.hidden_size, dtype=self.dtype)
+        hidden[:fed] = captured[:, :k].reshape(fed, k * self.hidden_size)
+        last = torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype)
+        last[:fed] = rms_norm(captured[:, k], self.norm_weight, self.norm_eps)
+        return CapturedGeneration(
+            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
+        )
 
     def close(self) -> None:
         import gc
 
         del self.llm
         gc.collect()
+        if self.capture:
+            self._cleanup()
+
+
+def _export_package_path() -> None:
+    """Make `pipeline` importable in vLLM's engine-core and worker processes.
+
+    vLLM imports the connector by module path in every process that builds one.
+    Spawned children inherit `sys.path` through multiprocessing, but not every
+    launcher does (vLLM's Ray executor starts workers as Ray actors): putting the
+    package root on `PYTHONPATH` covers children started by any launcher on this
+    node. Ray workers on other nodes need the job's `working_dir`/`py_modules`
+    or the package installed there (docs/capture.md).
+    """
+    root = str(Path(__file__).resolve().parents[2])
+    current = os.environ.get("PYTHONPATH", "")
+    if root not in current.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, current) if p)

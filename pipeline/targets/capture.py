@@ -1,0 +1,274 @@
+"""Owner side of vLLM hidden-state capture: engine arguments, the spool format, assembly.
+
+vLLM's `extract_hidden_states` speculative method writes the residual streams
+of the requested aux layers into a paged cache; the project's connector
+(`capture_connector.py`, loaded by vLLM inside its engine processes) copies
+the rows each engine step wrote and hands them to a *sink* as one
+`CaptureChunk` per step. This module is everything the owner of the engine
+needs: the `vllm.LLM` arguments, the per-request opt-in, reading the sink,
+assembling per-request tensors and the target's final norm. It imports no vLLM
+(the connector imports it, not the other way round). See docs/capture.md.
+
+Spool format (one file per engine step, written atomically: temp + rename):
+a safetensors file with one tensor `rows` of shape (num_rows, num_aux, H) in
+the model dtype and string metadata `format`, `step`, `spans` (JSON list of
+`[key, start, length]`: rows `offset .. offset+length` are positions
+`start ..` of request `key`, offsets accumulate in list order). No pickle:
+a spool file is data and never executes code when read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+CONNECTOR_NAME = "HiddenStateCaptureConnector"
+CONNECTOR_MODULE = "pipeline.targets.capture_connector"
+SPOOL_FORMAT = "dspark-capture-chunk/1"
+SPOOL_SUFFIX = ".safetensors"
+TRANSPORTS = ("spool", "inprocess", "discard")
+
+
+@dataclass
+class CaptureChunk:
+    """Rows written by one engine step for every capturing request in it.
+
+    `rows[offset_i : offset_i + lengths[i]]` are positions `starts[i] ...` of
+    request `keys[i]` (offsets accumulate in list order).
+    """
+
+    step: int
+    keys: list[str]
+    starts: list[int]
+    lengths: list[int]
+    rows: torch.Tensor  # (num_rows, num_aux, H), CPU, model dtype
+
+
+# --------------------------------------------------------------------------- engine arguments
+
+
+def speculative_config(engine_aux_ids: list[int]) -> dict[str, Any]:
+    """`vllm.LLM(speculative_config=...)` that captures `engine_aux_ids` (sorted, unique).
+
+    Aux id k = the residual stream after k decoder layers (0 = embeddings,
+    L = the last layer's output before the final norm). vLLM emits them in
+    ascending order whatever the list order, hence the check.
+    """
+    ids = [int(i) for i in engine_aux_ids]
+    if ids != sorted(set(ids)) or not ids or ids[0] < 0:
+        raise ValueError(f"aux layer ids must be non-negative, sorted and unique: {ids}")
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,  # the proposer asserts exactly 1
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+    }
+
+
+def kv_transfer_config(transport: str, capture_dir: str | None = None) -> dict[str, Any]:
+    """`vllm.LLM(kv_transfer_config=...)` for the project's connector.
+
+    `spool`: files in `capture_dir` (any process layout); `inprocess`: a registry
+    in this process, valid only when vLLM's worker runs in it
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one worker); `discard`: profiling only.
+    """
+    extra: dict[str, Any] = {"capture_transport": transport}
+    if transport == "spool":
+        if not capture_dir:
+            raise ValueError("the spool transport needs capture_dir")
+        extra["capture_dir"] = capture_dir
+    elif transport == "inprocess":
+        if not capture_dir:
+            raise ValueError("the inprocess transport needs a channel name (capture_dir)")
+        extra["capture_channel"] = capture_dir
+    elif transport != "discard":
+        raise ValueError(f"unknown capture transport {transport!r}; choose one of {TRANSPORTS}")
+    return {
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def capture_params(key: str) -> dict[str, Any]:
+    """`SamplingParams.extra_args` that capture one request (prompt and output) under `key`."""
+    return {"kv_transfer_params": {"capture_key": str(key), "include_output_tokens": True}}
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+_INPROCESS: dict[str, list[CaptureChunk]] = defaultdict(list)
+_INPROCESS_LOCK = threading.Lock()
+
+
+def put_inprocess(channel: str, chunk: CaptureChunk) -> None:
+    with _INPROCESS_LOCK:
+        _INPROCESS[channel].append(chunk)
+
+
+def take_inprocess(channel: str) -> list[CaptureChunk]:
+    with _INPROCESS_LOCK:
+        return _INPROCESS.pop(channel, [])
+
+
+def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
+    """One safetensors file per step; readers never see a partial file (temp + rename)."""
+    from safetensors.torch import save_file
+
+    name = f"{chunk.step:012d}-{writer_id}{SPOOL_SUFFIX}"
+    tmp = os.path.join(directory, f".{name}.tmp")
+    spans = [[k, s, n] for k, s, n in zip(chunk.keys, chunk.starts, chunk.lengths, strict=True)]
+    metadata = {"format": SPOOL_FORMAT, "step": str(chunk.step), "spans": json.dumps(spans)}
+    save_file({"rows": chunk.rows.contiguous()}, tmp, metadata=metadata)
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def read_spool(directory: str) -> list[CaptureChunk]:
+    """Every complete chunk file in `directory`, removed once read."""
+    from safetensors import safe_open
+
+    chunks = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith(".") or not name.endswith(SPOOL_SUFFIX):
+            continue
+        path = os.path.join(directory, name)
+        with safe_open(path, framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("format") != SPOOL_FORMAT:
+                raise ValueError(f"{path}: not a capture chunk (format {meta.get('format')!r})")
+            rows = fh.get_tensor("rows")
+        os.remove(path)
+        spans = json.loads(meta["spans"])
+        chunks.append(
+            CaptureChunk(
+                int(meta["step"]),
+                [str(k) for k, _, _ in spans],
+                [int(s) for _, s, _ in spans],
+                [int(n) for _, _, n in spans],
+                rows,
+            )
+        )
+    return chunks
+
+
+class CaptureReader:
+    """The owner's view of one engine's sink (built from the same `kv_transfer_config`)."""
+
+    def __init__(self, kv_config: dict[str, Any]) -> None:
+        extra = kv_config["kv_connector_extra_config"]
+        self.transport = extra["capture_transport"]
+        self.capture_dir = extra.get("capture_dir")
+        self.channel = extra.get("capture_channel")
+
+    def take_chunks(self) -> list[CaptureChunk]:
+        if self.transport == "spool":
+            chunks = read_spool(self.capture_dir)
+        elif self.transport == "inprocess":
+            chunks = take_inprocess(self.channel)
+        else:
+            chunks = []
+        chunks.sort(key=lambda c: c.step)
+        return chunks
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        """Drain the sink: `{key: (num_positions, num_aux, H)}` for positions 0.. of each request.
+
+        Call after `LLM.generate` returned: every row of a finished request is
+        in the sink before its output is emitted (the connector copies inside
+        the step). A later step overwrites an earlier one at the same position
+        (a rejected draft row, a recomputation after preemption).
+        """
+        return assemble(self.take_chunks())
+
+
+def assemble(chunks: list[CaptureChunk]) -> dict[str, torch.Tensor]:
+    """Per-request tensors from step-ordered chunks (last write wins); raises on holes."""
+    import torch
+
+    pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    for chunk in chunks:
+        offset = 0
+        for key, start, length in zip(chunk.keys, chunk.starts, chunk.lengths, strict=True):
+            pieces[key].append((start, chunk.rows[offset : offset + length]))
+            offset += length
+    out: dict[str, torch.Tensor] = {}
+    for key, parts in pieces.items():
+        end = max(start + rows.shape[0] for start, rows in parts)
+        first = parts[0][1]
+        buf = first.new_empty((end, *first.shape[1:]))
+        written = torch.zeros(end, dtype=torch.bool)
+        for start, rows in parts:
+            buf[start : start + rows.shape[0]] = rows
+            written[start : start + rows.shape[0]] = True
+        if not bool(written.all()):
+            missing = (~written).nonzero().flatten()[:8].tolist()
+            raise RuntimeError(f"capture {key!r}: positions never written: {missing}")
+        out[key] = buf
+    return out
+
+
+# --------------------------------------------------------------------------- the final norm
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The target's final RMSNorm with Hugging Face semantics (Qwen/Llama).
+
+    fp32 inside, cast back to the input dtype before the weight (in that dtype)
+    multiplies: exactly what HF's `hidden_states[L]` is in a model of this dtype.
+    """
+    import torch
+
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight.to(dtype) * h.to(dtype)
+
+
+FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight")
+
+
+def load_final_norm(model_dir: str, revision: str | None = None) -> tuple[torch.Tensor, float]:
+    """The final norm's weight (from the checkpoint) and eps (from its config)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, revision=revision)
+    text_config = getattr(config, "text_config", config)
+    eps = float(text_config.rms_norm_eps)
+
+    def fetch(filename: str) -> str | None:
+        """A local path of the checkpoint file, or None when the checkpoint has no such file."""
+        if Path(model_dir).is_dir():
+            local = Path(model_dir) / filename
+            return str(local) if local.exists() else None
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            return hf_hub_download(model_dir, filename, revision=revision)
+        except EntryNotFoundError:
+            return None
+
+    index_path = fetch("model.safetensors.index.json")  # absent for single-file checkpoints
+    weight_map = json.loads(Path(index_path).read_text())["weight_map"] if index_path else None
+    for name in FINAL_NORM_NAMES:
+        filename = weight_map.get(name) if weight_map is not None else "model.safetensors"
+        path = fetch(filename) if filename is not None else None
+        if path is None:
+            continue
+        with safe_open(path, framework="pt") as fh:
+            if name in fh.keys():
+                return fh.get_tensor(name), eps
+    raise ValueError(
+        f"target {model_dir}: no final norm weight among {FINAL_NORM_NAMES} in its checkpoint"
+    )

@@ -1,0 +1,103 @@
+"""The capture spool format and assembly (no engine): safe files, last write wins, no holes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pipeline.targets import capture
+from pipeline.targets.capture import CaptureChunk, CaptureReader, assemble, read_spool, write_spool
+
+
+def _chunk(
+    step: int, spans: list[tuple[str, int, int]], value: float | None = None
+) -> CaptureChunk:
+    rows = []
+    for _key, start, length in spans:
+        for pos in range(start, start + length):
+            fill = value if value is not None else float(pos)
+            rows.append(torch.full((2, 4), fill, dtype=torch.bfloat16))
+    return CaptureChunk(
+        step,
+        [k for k, _, _ in spans],
+        [s for _, s, _ in spans],
+        [n for _, _, n in spans],
+        torch.stack(rows),
+    )
+
+
+def test_spool_round_trip_is_safetensors_and_drains(tmp_path):
+    write_spool(str(tmp_path), "w1", _chunk(0, [("a", 0, 3), ("b", 0, 2)]))
+    write_spool(str(tmp_path), "w1", _chunk(1, [("a", 3, 2)]))
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["000000000000-w1.safetensors", "000000000001-w1.safetensors"]
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / names[0]), framework="pt") as fh:
+        assert fh.metadata()["format"] == capture.SPOOL_FORMAT
+    chunks = read_spool(str(tmp_path))
+    assert [c.step for c in chunks] == [0, 1] and os.listdir(tmp_path) == []
+    assert chunks[0].keys == ["a", "b"] and chunks[0].rows.dtype == torch.bfloat16
+    rows = assemble(chunks)
+    assert rows["a"][:, 0, 0].tolist() == [0, 1, 2, 3, 4]
+    assert rows["b"].shape == (2, 2, 4)
+
+
+def test_temp_files_and_foreign_files_are_skipped_or_rejected(tmp_path):
+    (tmp_path / ".000000000000-w1.safetensors.tmp").write_bytes(b"partial")
+    assert read_spool(str(tmp_path)) == []
+    from safetensors.torch import save_file
+
+    save_file({"rows": torch.zeros(1)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(ValueError, match="not a capture chunk"):
+        read_spool(str(tmp_path))
+
+
+def test_later_step_overwrites_draft_row_and_holes_raise():
+    # Step 0 computes positions 0..4 (prompt) ; step 1 positions 5..6, where 6 is
+    # a draft row; step 2 recomputes 6 (draft rejected) and 7 (new draft).
+    chunks = [
+        _chunk(0, [("a", 0, 5)]),
+        _chunk(1, [("a", 5, 2)], value=-1.0),
+        _chunk(2, [("a", 6, 2)]),
+    ]
+    rows = assemble(chunks)["a"]
+    assert rows[:, 0, 0].tolist() == [0, 1, 2, 3, 4, -1, 6, 7]
+    with pytest.raises(RuntimeError, match="never written"):
+        assemble([_chunk(0, [("a", 0, 2)]), _chunk(1, [("a", 3, 1)])])
+
+
+def test_inprocess_reader_and_engine_args():
+    cfg = capture.kv_transfer_config("inprocess", "chan-1")
+    capture.put_inprocess("chan-1", _chunk(1, [("k", 2, 1)]))
+    capture.put_inprocess("chan-1", _chunk(0, [("k", 0, 2)]))
+    assert CaptureReader(cfg).collect()["k"][:, 0, 0].tolist() == [0, 1, 2]
+    assert CaptureReader(cfg).collect() == {}
+    assert cfg["kv_connector_module_path"] == "pipeline.targets.capture_connector"
+    spec = capture.speculative_config([2, 5, 8])
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 5, 8]
+    with pytest.raises(ValueError, match="sorted"):
+        capture.speculative_config([5, 2])
+    with pytest.raises(ValueError, match="unknown capture transport"):
+        capture.kv_transfer_config("pickle", "x")
+
+
+def test_rms_norm_matches_transformers():
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    torch.manual_seed(0)
+    norm = Qwen3RMSNorm(16, eps=1e-6).to(torch.bfloat16)
+    norm.weight.data = torch.randn(16).to(torch.bfloat16)
+    x = torch.randn(5, 16).to(torch.bfloat16)
+    assert torch.equal(capture.rms_norm(x, norm.weight.data.float(), 1e-6), norm(x))
+
+
+def test_final_norm_from_checkpoint(random_target_dir):
+    from transformers import AutoModelForCausalLM
+
+    weight, eps = capture.load_final_norm(str(random_target_dir))
+    model = AutoModelForCausalLM.from_pretrained(random_target_dir)
+    assert torch.equal(weight, model.model.norm.weight.data)
+    assert eps == model.config.rms_norm_eps
