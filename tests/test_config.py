@@ -4,11 +4,12 @@ import pytest
 
 from pipeline.config import ConfigError, dump_config, load_config, parse_config
 
-# Pipeline configs; train-*.yaml are training-stage configs (tests/train checks them).
+# Pipeline configs; train-*.yaml / eval-*.yaml belong to the training and evaluation
+# stages (tests/train and tests/evaluate check them).
 CONFIGS = sorted(
     p
     for p in (Path(__file__).resolve().parent.parent / "jobs" / "configs").glob("*.yaml")
-    if not p.name.startswith("train-")
+    if not p.name.startswith(("train-", "eval-"))
 )
 
 
