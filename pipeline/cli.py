@@ -92,9 +92,29 @@ def train(config_path: Path) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-def evaluate(config_path: Path) -> None:
-    """Measure a draft's acceptance length per domain against the target."""
-    _not_built("evaluate", "the acceptance-length evaluation")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key (YAML value), e.g. --set live.num_prompts=4.",
+)
+def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
+    """Measure drafts' acceptance length per domain against the target; write a report.
+
+    Exits 1 if the vLLM cross-check (when configured) falls outside its tolerance.
+    """
+    from pipeline.cli_support import parse_overrides
+    from pipeline.evaluate.config import load_eval_config
+    from pipeline.evaluate.run import run_evaluation
+
+    result = run_evaluation(
+        load_eval_config(config_path, overrides=parse_overrides(list(overrides)))
+    )
+    click.echo("\n".join(result.lines()))
+    vllm = result.report.get("vllm")
+    if vllm and not vllm["within_tolerance"]:
+        sys.exit(1)
 
 
 @cli.command()

@@ -1,0 +1,166 @@
+"""Typed configuration of the evaluation stage (`dspark-targets evaluate --config ...`).
+
+Same conventions as the training config: pydantic models, frozen, unknown
+keys rejected; `load_eval_config` names the file, the dotted key and the
+problem. Paths of drafts are training run directories, checkpoints or
+speculators exports (see pipeline/evaluate/drafting.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.config import ConfigError, _format_errors
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EvalDataConfig(_Model):
+    """Which samples to evaluate on: the held-out split of a committed dataset version."""
+
+    # Dataset root (local or s3://); None: the training data of the first trained draft.
+    uri: str | None = None
+    version: int | None = Field(None, ge=0)
+    endpoint_url: str | None = None
+    # Held-out share by sample-id hash; None: the smallest of the drafts' training
+    # values. Must not exceed any draft's (else some evaluated samples were trained on).
+    heldout_fraction: float | None = Field(None, gt=0.0, lt=1.0)
+    # Keep only these domains; empty keeps all.
+    domains: list[str] = Field(default_factory=list)
+    # Cap on held-out samples (in dataset order); None: all.
+    max_samples: int | None = Field(None, gt=0)
+
+
+class DraftEntry(_Model):
+    """One draft to evaluate (a row of the report)."""
+
+    name: str = Field(min_length=1)
+    # Training run dir, checkpoint dir, or speculators export. None: listed in the
+    # report as not available (with `note`), e.g. a baseline the project cannot train yet.
+    path: str | None = None
+    # Same architecture as `path`, fresh seeded weights: the floor.
+    untrained: bool = False
+    # False: the backbone alone (Markov and confidence heads off), which is what
+    # vLLM's dflash method serves for a DSpark draft's backbone export.
+    use_heads: bool = True
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _untrained_needs_path(self) -> DraftEntry:
+        if self.untrained and self.path is None:
+            raise ValueError(
+                "untrained: true copies the architecture of `path`: set path to a trained draft"
+            )
+        return self
+
+
+class LiveConfig(_Model):
+    """The live loop with rejection sampling (temperatures > 0), HF reference target."""
+
+    temperatures: list[float] = Field(default_factory=lambda: [1.0])
+    # Prompts (first turns of held-out samples, round-robin over domains).
+    num_prompts: int = Field(12, gt=0)
+    max_new_tokens: int = Field(128, gt=0)
+
+    @model_validator(mode="after")
+    def _positive(self) -> LiveConfig:
+        if any(t <= 0 for t in self.temperatures):
+            raise ValueError(
+                "live.temperatures must be > 0: temperature 0 is measured exactly offline"
+            )
+        return self
+
+
+class CalibrationConfig(_Model):
+    """Confidence head: ECE/AUC, sequential temperature scaling, truncation thresholds."""
+
+    enabled: bool = True
+    # Share of held-out samples (by a second hash) that fits the temperatures;
+    # ECE/AUC and truncation are reported on the rest.
+    fit_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    # Write confidence_calibration.json beside each draft's export directory.
+    store: bool = True
+    thresholds: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
+
+
+class VllmCheckConfig(_Model):
+    """Serve a draft with vLLM and compare its acceptance counters to the offline tau (T=0)."""
+
+    # Name of a draft in `drafts` (its DFlash export is served: vLLM's CPU build runs
+    # dflash; a DSpark draft is served through its backbone export `<export>-dflash`).
+    draft: str
+    method: Literal["dflash", "dspark", "eagle3"] = "dflash"
+    num_prompts: int = Field(8, gt=0)
+    max_tokens: int = Field(160, gt=0)
+    # |tau_vllm - tau_offline| / tau_offline must not exceed this.
+    tolerance: float = Field(0.03, gt=0.0)
+    gpu_memory_utilization: float = Field(0.2, gt=0.0, le=1.0)
+    max_model_len: int = Field(1024, gt=0)
+    timeout_s: float = Field(900, gt=0)
+
+
+class EvalConfig(_Model):
+    """A whole evaluation run."""
+
+    # The target (HF directory, hub name or `toy:<name>`): the drafts' verifier.
+    target: str
+    drafts: list[DraftEntry] = Field(min_length=1)
+    # Where report.json, report.md and the PNG plots go.
+    out_dir: str
+    data: EvalDataConfig = EvalDataConfig()
+    # None: no live loop (temperature 0 only).
+    live: LiveConfig | None = None
+    calibration: CalibrationConfig = CalibrationConfig()
+    # None: no vLLM cross-check.
+    vllm: VllmCheckConfig | None = None
+    seed: int = 0
+    # Torch intra-op threads; 1 avoids OpenMP spin-waiting on small shared machines.
+    num_threads: int | None = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _names(self) -> EvalConfig:
+        names = [d.name for d in self.drafts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"draft names must be unique; repeated: {dupes}")
+        if self.vllm is not None and self.vllm.draft not in names:
+            raise ValueError(f"vllm.draft {self.vllm.draft!r} is not one of the drafts {names}")
+        if not any(d.path for d in self.drafts):
+            raise ValueError("no draft has a path: nothing to evaluate")
+        return self
+
+
+def parse_eval_config(data: dict[str, Any], source: str = "<dict>") -> EvalConfig:
+    """Validate a mapping; `source` names it in errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return EvalConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(source, err)) from None
+
+
+def load_eval_config(path: str | Path, overrides: dict[str, Any] | None = None) -> EvalConfig:
+    """Read an evaluation YAML; `overrides` are dotted keys (`live.num_prompts`)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    for dotted, value in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_eval_config(data, str(path))

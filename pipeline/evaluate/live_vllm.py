@@ -1,0 +1,193 @@
+"""Cross-check the offline tau against vLLM's own acceptance counters at temperature 0.
+
+vLLM decodes the evaluation prompts with the exported draft as its
+speculative decoder (one fresh engine in a child process, via
+`pipeline.train.vllm_check.decode`; counters read before and after and
+subtracted, as they are cumulative). The offline walk then runs on exactly
+the trajectories vLLM produced: the HF reference target captures their
+features (fp32, as the fp32 engine's drafter reads them), and the same draft
+weights draft offline. Both sides therefore walk the same tokens, and tau
+must agree within the stated tolerance:
+
+    |tau_vllm - tau_offline| / tau_offline <= tolerance (default 3%)
+
+What may still differ: (1) in the last round of each request vLLM verifies
+drafted tokens past the end-of-turn token against the target's continuation,
+which no trajectory holds (offline counts them as rejected); (2) fp32
+kernel differences between vLLM's CPU attention and transformers' can flip
+a near-tied argmax of the draft. With R requests and N rounds (1) is at most
+n*R/N; the report gives it beside the measured gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.evaluate.drafting import ModelDrafter
+    from pipeline.shards.reader import TrainingSample
+
+
+@dataclass
+class VllmComparison:
+    method: str
+    draft_dir: str
+    num_prompts: int
+    generated_tokens: int
+    vllm_tau: float
+    vllm_num_drafts: int
+    vllm_position_rate: list[float]  # (n,) share of rounds that accepted >= k tokens
+    offline_tau: float
+    offline_rounds: int
+    offline_position_rate: list[float]  # (n,) same, from the offline walk
+    tolerance: float  # relative
+    end_effect_bound: float  # n * requests / rounds: the most the last rounds can explain
+    seconds: float
+
+    @property
+    def relative_gap(self) -> float:
+        return abs(self.vllm_tau - self.offline_tau) / self.offline_tau
+
+    @property
+    def within_tolerance(self) -> bool:
+        return self.relative_gap <= self.tolerance
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "draft_dir": self.draft_dir,
+            "num_prompts": self.num_prompts,
+            "generated_tokens": self.generated_tokens,
+            "vllm_tau": round(self.vllm_tau, 4),
+            "vllm_num_drafts": self.vllm_num_drafts,
+            "offline_tau": round(self.offline_tau, 4),
+            "offline_rounds": self.offline_rounds,
+            "vllm_position_rate": [round(x, 4) for x in self.vllm_position_rate],
+            "offline_position_rate": [round(x, 4) for x in self.offline_position_rate],
+            "relative_gap": round(self.relative_gap, 4),
+            "tolerance": self.tolerance,
+            "within_tolerance": self.within_tolerance,
+            "end_effect_bound": round(self.end_effect_bound, 4),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def served_draft_dir(export_dir: Path, method: str) -> Path:
+    """The export vLLM serves with `method`: a DSpark draft's dflash backbone is `<export>-dflash`."""
+    import json
+
+    config = json.loads((export_dir / "config.json").read_text())
+    if method == "dflash" and config["speculators_model_type"] == "dspark":
+        backbone = export_dir.with_name(export_dir.name + "-dflash")
+        if not (backbone / "config.json").exists():
+            raise FileNotFoundError(
+                f"{backbone}: no DFlash backbone export of {export_dir} (train with "
+                "sample_from_anchor: false and export.dflash_backbone: true to serve it on CPU)"
+            )
+        return backbone
+    return export_dir
+
+
+def capture_samples(
+    target_dir: str,
+    aux_layer_ids: tuple[int, ...],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+) -> list[TrainingSample]:
+    """Samples (fp32 features) of the given trajectories, captured by the HF reference."""
+    import torch
+
+    from pipeline.config import TargetConfig
+    from pipeline.shards.reader import TrainingSample
+    from pipeline.targets.base import Generation
+    from pipeline.targets.hf_backend import HFTarget
+
+    target = HFTarget(
+        TargetConfig(
+            model=target_dir, backend="hf", dtype="float32", aux_layer_ids=list(aux_layer_ids)
+        ),
+        target_dir,
+    )
+    samples = []
+    for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        if len(output) < 2:
+            continue
+        cap = target.capture(Generation(f"vllm-{i}", list(prompt), list(output), "stop"))
+        ids = torch.tensor(list(prompt) + list(output))
+        samples.append(
+            TrainingSample(
+                sample_id=f"vllm-{i}",
+                source="vllm",
+                domain="all",
+                input_ids=ids,
+                loss_mask=torch.tensor([0] * len(prompt) + [1] * len(output), dtype=torch.bool),
+                hidden_states=cap.hidden_states,
+                last_hidden_state=cap.last_hidden_state,
+                finish_reason=cap.finish_reason,
+                num_prompt_tokens=len(prompt),
+                num_generated_tokens=len(output),
+            )
+        )
+    target.close()
+    return samples
+
+
+def compare_with_vllm(
+    *,
+    target_dir: str,
+    draft_dir: Path,
+    drafter: ModelDrafter,
+    prompts: list[list[int]],
+    method: str = "dflash",
+    max_tokens: int = 160,
+    tolerance: float = 0.03,
+    gpu_memory_utilization: float = 0.2,
+    max_model_len: int = 1024,
+    timeout_s: float = 900,
+) -> VllmComparison:
+    """Decode with vLLM + draft, then walk the same trajectories offline (module docstring)."""
+    import time
+
+    import torch
+
+    from pipeline.evaluate.offline import build_tables, walk_tables
+    from pipeline.train.vllm_check import decode
+
+    started = time.perf_counter()
+    n = drafter.num_draft_tokens
+    run = decode(
+        target_dir,
+        prompts,
+        max_tokens=max_tokens,
+        draft_dir=draft_dir,
+        method=method,
+        num_speculative_tokens=n,
+        dtype="float32",
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        timeout_s=timeout_s,
+    )
+    samples = capture_samples(target_dir, drafter.model.spec.aux_layer_ids, prompts, run.outputs)
+    rounds = walk_tables(build_tables(samples, drafter), num_draft_tokens=n)
+    k = torch.arange(1, n + 1)
+    offline_rate = (rounds.accepted[:, None] >= k).float().mean(0).tolist()
+    per_pos = run.accepted_per_pos or [0] * n
+    return VllmComparison(
+        method=method,
+        draft_dir=str(draft_dir),
+        num_prompts=len(prompts),
+        generated_tokens=sum(len(o) for o in run.outputs),
+        vllm_tau=run.tau,
+        vllm_num_drafts=run.num_drafts,
+        vllm_position_rate=[
+            c / run.num_drafts if run.num_drafts else float("nan") for c in per_pos
+        ],
+        offline_tau=1.0 + float(rounds.accepted.float().mean()),
+        offline_rounds=rounds.num_rounds,
+        offline_position_rate=offline_rate,
+        tolerance=tolerance,
+        end_effect_bound=n * len(samples) / max(rounds.num_rounds, 1),
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,223 @@
+"""The evaluation report: JSON (the record), a Markdown table (for people), PNG plots.
+
+Plots: tau per domain for every draft in the config (drafts without a
+checkpoint, e.g. a baseline the project cannot train yet, appear as "n/a"
+so their absence is visible), and conditional acceptance per drafted
+position. matplotlib runs headless (Agg) and is imported only here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def write_json(report: dict, path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def domains_of(report: dict) -> list[str]:
+    found: set[str] = set()
+    for entry in report["drafts"].values():
+        found |= set((entry.get("offline_t0") or {}).get("tau_by_domain", {}))
+    return sorted(found)
+
+
+def tau_table(report: dict) -> str:
+    """Markdown: one row per draft, tau per domain, macro and pooled (T=0, offline, exact)."""
+    domains = domains_of(report)
+    head = ["draft", *domains, "**macro**", "pooled", "full rounds", "rounds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, entry in report["drafts"].items():
+        off = entry.get("offline_t0")
+        if not off:
+            note = entry.get("note") or "not available"
+            lines.append(f"| {name} | " + " | ".join(["n/a"] * (len(head) - 2)) + f" | {note} |")
+            continue
+        cells = [_fmt(off["tau_by_domain"].get(d)) for d in domains]
+        lines.append(
+            f"| {name} | "
+            + " | ".join(
+                [
+                    *cells,
+                    f"**{_fmt(off['tau_macro'])}**",
+                    _fmt(off["tau"]),
+                    _fmt(off["tau_full_rounds"]),
+                ]
+            )
+            + f" | {off['num_rounds']} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(report: dict, plots: dict[str, Path]) -> str:
+    data = report["data"]
+    out = [
+        f"# Acceptance length against {report['target']}",
+        "",
+        f"{data['num_samples']} held-out samples of {data['uri']} (version {data['version']}, "
+        f"held-out fraction {data['heldout_fraction']}). tau = 1 + accepted drafted tokens per "
+        "verification round, pooled over rounds; macro = mean over domains.",
+        "",
+        "## Temperature 0 (exact, offline walk of the target's greedy trajectory)",
+        "",
+        tau_table(report),
+        "",
+        "### Conditional acceptance per drafted position (T=0)",
+        "",
+    ]
+    n_max = max(
+        (
+            len(e["offline_t0"]["position_acceptance"])
+            for e in report["drafts"].values()
+            if e.get("offline_t0")
+        ),
+        default=0,
+    )
+    out.append("| draft | " + " | ".join(f"k={k}" for k in range(1, n_max + 1)) + " |")
+    out.append("|" + "---|" * (n_max + 1))
+    for name, entry in report["drafts"].items():
+        if entry.get("offline_t0"):
+            rates = entry["offline_t0"]["position_acceptance"]
+            out.append(f"| {name} | " + " | ".join(_fmt(r) for r in rates) + " |")
+    for name, entry in report["drafts"].items():
+        cal = entry.get("calibration")
+        if not cal:
+            continue
+        out += [
+            "",
+            f"### Confidence head of {name}: calibration (held-out eval half) and truncation",
+            "",
+            "| position | events | accept rate | ECE raw | ECE scaled | AUC | temperature |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        m = cal["metrics"]
+        for k in range(len(m["events"])):
+            out.append(
+                f"| {k + 1} | {m['events'][k]} | {_fmt(m['accept_rate'][k])} | {_fmt(m['ece_raw'][k])} | "
+                f"{_fmt(m['ece_scaled'][k])} | {_fmt(m['auc'][k])} | {_fmt(cal['temperatures'][k])} |"
+            )
+        out += [
+            "",
+            "| threshold | tau | verify rate | accepted / verified token | rounds |",
+            "|---|---|---|---|---|",
+        ]
+        for row in entry.get("truncation", []):
+            out.append(
+                f"| {row['threshold']} | {_fmt(row['tau'])} | {_fmt(row['verify_rate'])} | "
+                f"{_fmt(row['accepted_per_verified_token'])} | {row['rounds']} |"
+            )
+    live = {n: e["live"] for n, e in report["drafts"].items() if e.get("live")}
+    if live:
+        out += ["", "## Temperature > 0 (live loop, rejection sampling, HF reference target)", ""]
+        out += [
+            "| draft | temperature | tau | macro | rounds | prompts |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, runs in live.items():
+            for temp, r in runs.items():
+                out.append(
+                    f"| {name} | {temp} | {_fmt(r['tau'])} | {_fmt(r['tau_macro'])} | "
+                    f"{r['num_rounds']} | {r['num_samples']} |"
+                )
+    if report.get("vllm"):
+        v = report["vllm"]
+        out += [
+            "",
+            "## vLLM cross-check (T=0)",
+            "",
+            f"vLLM `{v['method']}` with {v['draft_dir']}: tau {v['vllm_tau']:.3f} over "
+            f"{v['vllm_num_drafts']} rounds; offline walk of the same trajectories: tau "
+            f"{v['offline_tau']:.3f} over {v['offline_rounds']} rounds. Relative gap "
+            f"{v['relative_gap']:.4f} (tolerance {v['tolerance']}; last-round bound "
+            f"{v['end_effect_bound']:.3f}): **{'within' if v['within_tolerance'] else 'OUTSIDE'} tolerance**.",
+        ]
+    if plots:
+        out += ["", "## Plots", ""] + [f"* {k}: `{p}`" for k, p in plots.items()]
+    return "\n".join(out) + "\n"
+
+
+def plot_tau_by_domain(report: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    domains = [*domains_of(report), "macro"]
+    names = list(report["drafts"])
+    width = 0.8 / max(len(names), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(domains)), 3.8))
+    for i, name in enumerate(names):
+        off = report["drafts"][name].get("offline_t0")
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(domains))]
+        if not off:
+            for x in xs:
+                ax.text(x, 1.02, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
+            ax.bar(xs, [0] * len(xs), width, label=f"{name} (n/a)")
+            continue
+        vals = [off["tau_by_domain"].get(d) for d in domains[:-1]] + [off["tau_macro"]]
+        ax.bar(xs, [v or 0 for v in vals], width, label=name)
+    ax.set_xticks(range(len(domains)), domains)
+    ax.set_ylabel("tau (tokens / verification round)")
+    ax.set_title(f"Acceptance length per domain, T=0, target {report['target']}")
+    ax.axhline(1.0, color="grey", lw=0.6)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_position_acceptance(report: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for name, entry in report["drafts"].items():
+        off = entry.get("offline_t0")
+        if off:
+            rates = off["position_acceptance"]
+            ax.plot(
+                range(1, len(rates) + 1),
+                [r if r is not None else float("nan") for r in rates],
+                "o-",
+                label=name,
+            )
+    ax.set_xlabel("drafted position k")
+    ax.set_ylabel("P(accept k | accepted 1..k-1)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Conditional acceptance per block position, T=0")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, dict[str, Path]]:
+    """report.json, report.md and the plots in `out_dir`; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = {
+        "tau per domain": plot_tau_by_domain(report, out_dir / "tau_by_domain.png"),
+        "acceptance per position": plot_position_acceptance(
+            report, out_dir / "acceptance_by_position.png"
+        ),
+    }
+    report = {**report, "plots": {k: str(p) for k, p in plots.items()}}
+    json_path = write_json(report, out_dir / "report.json")
+    md_path = out_dir / "report.md"
+    md_path.write_text(markdown(report, plots))
+    return json_path, md_path, plots

@@ -1,0 +1,409 @@
+"""`run_evaluation(config)`: the evaluation stage from config to report.
+
+1. loads the target's head and every draft (trained, untrained copies, and
+   placeholders for baselines without a checkpoint);
+2. opens the held-out split of the dataset, checking that no evaluated
+   sample was trained on (the eval held-out fraction may not exceed any
+   draft's training fraction: the split is a hash threshold on the sample id)
+   and that the data was captured from this target with the drafts' layers;
+3. T=0: the exact offline walk per draft (tau per domain, macro, per position);
+4. confidence head: calibration fitted on one half of the held-out samples,
+   reported on the other, stored beside the export; truncation sweep;
+5. T>0: the live loop with rejection sampling (HF reference target);
+6. optionally the vLLM cross-check;
+7. report.json, report.md, PNG plots under `out_dir`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.evaluate.config import EvalConfig
+from pipeline.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    out_dir: Path
+    report: dict[str, Any]
+    json_path: Path
+    markdown_path: Path
+    plots: dict[str, Path]
+
+    def lines(self) -> list[str]:
+        from pipeline.evaluate.report import tau_table
+
+        lines = [tau_table(self.report), ""]
+        v = self.report.get("vllm")
+        if v:
+            lines.append(
+                f"vLLM cross-check: tau {v['vllm_tau']:.3f} vs offline {v['offline_tau']:.3f} "
+                f"(gap {v['relative_gap']:.2%}, tolerance {v['tolerance']:.0%}): "
+                f"{'ok' if v['within_tolerance'] else 'OUTSIDE TOLERANCE'}"
+            )
+        lines.append(f"report: {self.json_path}, {self.markdown_path}")
+        lines += [f"plot ({k}): {p}" for k, p in self.plots.items()]
+        return lines
+
+
+def _heldout_fraction(config: EvalConfig, train_configs: dict[str, dict]) -> float:
+    train_fracs = {
+        name: float(tc.get("data", {}).get("heldout_fraction", 0.0))
+        for name, tc in train_configs.items()
+    }
+    frac = config.data.heldout_fraction
+    if frac is None:
+        if not train_fracs:
+            raise ValueError(
+                "data.heldout_fraction is unset and no draft is a training run to take it from: set it"
+            )
+        frac = min(train_fracs.values())
+    if frac <= 0:
+        raise ValueError(
+            f"the drafts were trained with heldout_fraction {train_fracs}: a draft trained on every "
+            "sample has no held-out split to evaluate on; retrain with data.heldout_fraction > 0"
+        )
+    leaked = {n: f for n, f in train_fracs.items() if f < frac}
+    if leaked:
+        raise ValueError(
+            f"data.heldout_fraction {frac} exceeds the training held-out fraction of {leaked}: "
+            "some evaluated samples were trained on; lower data.heldout_fraction to at most "
+            f"{min(leaked.values())}"
+        )
+    return frac
+
+
+def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict, target_dir: Path):
+    """(held-out samples, data description) after the provenance and leakage checks."""
+    import json
+
+    from pipeline.train.config import TrainDataConfig
+    from pipeline.train.data import TrainingData
+
+    uri = config.data.uri
+    if uri is None:
+        uris = [tc["data"]["uri"] for tc in train_configs.values() if tc.get("data")]
+        if not uris:
+            raise ValueError(
+                "data.uri is unset and no draft is a training run to take it from: set it"
+            )
+        uri = uris[0]
+    frac = _heldout_fraction(config, train_configs)
+    data = TrainingData(
+        TrainDataConfig(
+            uri=uri,
+            version=config.data.version,
+            endpoint_url=config.data.endpoint_url,
+            domains=config.data.domains,
+            heldout_fraction=frac,
+        )
+    )
+    target_config = json.loads((target_dir / "config.json").read_text())
+    for spec in specs.values():
+        data.check(
+            target=config.target,
+            target_config=target_config,
+            aux_layer_ids=list(spec.aux_layer_ids),
+        )
+    refs = (
+        data.heldout_rows[: config.data.max_samples]
+        if config.data.max_samples
+        else data.heldout_rows
+    )
+    if not refs:
+        raise ValueError(f"{data.where}: no held-out samples at heldout_fraction {frac}")
+    samples = data.decode(refs)
+    info = {
+        "uri": str(uri),
+        "version": data.manifest.version,
+        "heldout_fraction": frac,
+        "num_samples": len(samples),
+        "domains": sorted({s.domain for s in samples}),
+    }
+    return samples, info
+
+
+def _prompts(samples, num: int) -> list:
+    """Up to `num` samples, round-robin over domains (deterministic order)."""
+    by_domain: dict[str, list] = {}
+    for s in samples:
+        by_domain.setdefault(s.domain, []).append(s)
+    picked, i = [], 0
+    while len(picked) < num and any(i < len(v) for v in by_domain.values()):
+        for d in sorted(by_domain):
+            if i < len(by_domain[d]) and len(picked) < num:
+                picked.append(by_domain[d][i])
+        i += 1
+    return picked
+
+
+def live_report(
+    *, drafter, verifier, samples, temperature: float, max_new_tokens: int, seed: int
+) -> dict:
+    """tau of the live loop per domain at `temperature` over the prompts of `samples`."""
+    import torch
+
+    from pipeline.evaluate.offline import AcceptanceReport, tau
+    from pipeline.evaluate.sampling import live_decode
+
+    accepted: dict[str, list[int]] = {}
+    generator = torch.Generator().manual_seed(seed)
+    for s in samples:
+        run = live_decode(
+            model=drafter.model,
+            verifier=verifier,
+            prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generator=generator,
+            use_heads=drafter.use_heads,
+        )
+        accepted.setdefault(s.domain, []).extend(run.accepted)
+    taus = {d: tau(accepted=torch.tensor(v)) for d, v in sorted(accepted.items()) if v}
+    every = torch.tensor([a for v in accepted.values() for a in v])
+    return AcceptanceReport(
+        num_draft_tokens=drafter.num_draft_tokens,
+        tau=tau(accepted=every),
+        tau_macro=sum(taus.values()) / len(taus) if taus else float("nan"),
+        tau_full_rounds=float("nan"),
+        tau_by_domain=taus,
+        rounds_by_domain={d: len(v) for d, v in sorted(accepted.items())},
+        position_acceptance=[],
+        position_counts=[],
+        num_rounds=int(every.numel()),
+        num_samples=len(samples),
+    ).to_dict()
+
+
+def run_evaluation(config: EvalConfig) -> EvalResult:
+    """Evaluate every draft of `config` (see the module docstring)."""
+    import torch
+
+    from pipeline.evaluate.calibration import (
+        calibration_metrics,
+        conditional_events,
+        fit_calibration,
+        in_calibration_split,
+        truncation_sweep,
+    )
+    from pipeline.evaluate.drafting import ModelDrafter, load_draft
+    from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
+    from pipeline.evaluate.report import write_report
+    from pipeline.targets.toy import resolve_model
+
+    started = time.monotonic()
+    saved_threads = torch.get_num_threads()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    try:
+        target_dir = Path(resolve_model(config.target))
+        loaded, train_configs = {}, {}
+        for entry in config.drafts:
+            if entry.path is None:
+                continue
+            draft = load_draft(
+                entry.path, target_dir=target_dir, untrained=entry.untrained, seed=config.seed
+            )
+            loaded[entry.name] = draft
+            if draft.train_config is not None and not entry.untrained:
+                train_configs[entry.name] = draft.train_config
+        samples, data_info = load_heldout(
+            config, train_configs, {n: d.spec for n, d in loaded.items()}, target_dir
+        )
+        fit_frac = config.calibration.fit_fraction
+        fit_samples = [s for s in samples if in_calibration_split(s.sample_id, fit_frac)]
+        eval_samples = [s for s in samples if not in_calibration_split(s.sample_id, fit_frac)]
+        log.info(
+            "evaluating %s", kv(drafts=len(loaded), samples=len(samples), target=config.target)
+        )
+
+        drafts: dict[str, dict] = {}
+        drafters: dict[str, ModelDrafter] = {}
+        for entry in config.drafts:
+            if entry.name not in loaded:
+                drafts[entry.name] = {
+                    "available": False,
+                    "note": entry.note or "no checkpoint given",
+                }
+                continue
+            draft = loaded[entry.name]
+            drafter = ModelDrafter(entry.name, draft.model, use_heads=entry.use_heads)
+            drafters[entry.name] = drafter
+            n = drafter.num_draft_tokens
+            fit_tables = build_tables(fit_samples, drafter)
+            eval_tables = build_tables(eval_samples, drafter)
+            rounds = walk_tables(fit_tables + eval_tables, num_draft_tokens=n)
+            result: dict[str, Any] = {
+                "available": True,
+                "source": str(draft.source),
+                "untrained": entry.untrained,
+                "kind": draft.spec.kind,
+                "use_heads": entry.use_heads,
+                "block_size": draft.spec.block_size,
+                "sample_from_anchor": draft.spec.sample_from_anchor,
+                "offline_t0": summarize_rounds(
+                    rounds=rounds, num_samples=len(fit_tables) + len(eval_tables)
+                ).to_dict(),
+            }
+            if entry.note:
+                result["note"] = entry.note
+            calibrate = (
+                config.calibration.enabled and drafter.has_confidence and not entry.untrained
+            )
+            if calibrate and fit_tables and eval_tables:
+                cal = fit_calibration(
+                    conditional_events(fit_tables, n), num_samples=len(fit_tables)
+                )
+                result["calibration"] = {
+                    "temperatures": [round(t, 4) for t in cal.temperatures],
+                    "fit_samples": len(fit_tables),
+                    "eval_samples": len(eval_tables),
+                    "metrics": calibration_metrics(conditional_events(eval_tables, n), cal),
+                }
+                result["truncation"] = truncation_sweep(
+                    eval_tables,
+                    calibration=cal,
+                    thresholds=config.calibration.thresholds,
+                    num_draft_tokens=n,
+                )
+                if (
+                    config.calibration.store
+                    and draft.export_dir is not None
+                    and not entry.untrained
+                ):
+                    result["calibration"]["stored"] = str(cal.save(draft.export_dir))
+            drafts[entry.name] = result
+            log.info(
+                "offline T=0 %s",
+                kv(
+                    draft=entry.name,
+                    tau=result["offline_t0"]["tau"],
+                    macro=result["offline_t0"]["tau_macro"],
+                ),
+            )
+
+        if config.live is not None and drafters:
+            from pipeline.evaluate.sampling import HFVerifier
+
+            aux = next(iter(loaded.values())).spec.aux_layer_ids
+            verifier = HFVerifier(str(target_dir), aux)
+            prompts = _prompts(samples, config.live.num_prompts)
+            for name, drafter in drafters.items():
+                drafts[name]["live"] = {
+                    str(temp): live_report(
+                        drafter=drafter,
+                        verifier=verifier,
+                        samples=prompts,
+                        temperature=temp,
+                        max_new_tokens=config.live.max_new_tokens,
+                        seed=config.seed,
+                    )
+                    for temp in config.live.temperatures
+                }
+            verifier.target.close()
+
+        report: dict[str, Any] = {
+            "target": config.target,
+            "data": data_info,
+            "drafts": drafts,
+        }
+        if config.vllm is not None:
+            report["vllm"] = vllm_check(config, loaded, drafters, samples, target_dir).to_dict()
+        report["seconds"] = round(time.monotonic() - started, 1)
+        json_path, md_path, plots = write_report(report, Path(config.out_dir))
+        return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def vllm_check(config: EvalConfig, loaded, drafters, samples, target_dir: Path):
+    """The vLLM cross-check of `config.vllm.draft` (served through its DFlash export on CPU)."""
+    from pipeline.evaluate.drafting import ModelDrafter
+    from pipeline.evaluate.live_vllm import compare_with_vllm, served_draft_dir
+
+    vc = config.vllm
+    draft = loaded.get(vc.draft)
+    if draft is None or draft.export_dir is None:
+        raise ValueError(f"vllm.draft {vc.draft!r} has no export directory to serve")
+    served = served_draft_dir(draft.export_dir, vc.method)
+    # vLLM's dflash runs the backbone alone: evaluate the same weights offline without heads.
+    drafter = ModelDrafter(vc.draft, draft.model, use_heads=vc.method != "dflash")
+    prompts = [
+        s.input_ids[: s.num_prompt_tokens].tolist() for s in _prompts(samples, vc.num_prompts)
+    ]
+    return compare_with_vllm(
+        target_dir=str(target_dir),
+        draft_dir=served,
+        drafter=drafter,
+        prompts=prompts,
+        method=vc.method,
+        max_tokens=vc.max_tokens,
+        tolerance=vc.tolerance,
+        gpu_memory_utilization=vc.gpu_memory_utilization,
+        max_model_len=vc.max_model_len,
+        timeout_s=vc.timeout_s,
+    )
+
+
+def demo_report(
+    out_dir: str | Path,
+    *,
+    dspark: str | Path,
+    dflash: str | Path | None = None,
+    vllm: bool = False,
+    live_prompts: int = 0,
+    print_fn=print,
+) -> EvalResult:
+    """The evaluation step of `make demo`: evaluate the demo's draft(s), print table + plot paths.
+
+    `dspark`: the demo's training run directory (or an export). Rows: the
+    DSpark draft, its backbone alone (what vLLM's CPU build serves), a DFlash
+    draft if given, EAGLE-3 (not built: n/a) and an untrained copy.
+    """
+    from pipeline.evaluate.config import parse_eval_config
+
+    drafts: list[dict] = [
+        {"name": "DSpark", "path": str(dspark)},
+        {"name": "DSpark backbone", "path": str(dspark), "use_heads": False},
+        {
+            "name": "DFlash",
+            "path": str(dflash) if dflash else None,
+            "note": "not trained in this run",
+        },
+        {"name": "EAGLE-3", "note": "no EAGLE-3 trainer in this project yet"},
+        {"name": "untrained", "path": str(dspark), "untrained": True},
+    ]
+    data: dict[str, Any] = {
+        "target": _train_target(dspark),
+        "drafts": drafts,
+        "out_dir": str(Path(out_dir)),
+    }
+    if live_prompts:
+        data["live"] = {"temperatures": [1.0], "num_prompts": live_prompts, "max_new_tokens": 96}
+    if vllm:
+        data["vllm"] = {"draft": "DSpark", "num_prompts": 6}
+    result = run_evaluation(parse_eval_config(data, "demo_report"))
+    for line in result.lines():
+        print_fn(line)
+    return result
+
+
+def _train_target(path: str | Path) -> str:
+    """The target a training run (or export) was trained against."""
+    import json
+
+    from pipeline.evaluate.drafting import _checkpoint_dir
+
+    ckpt = _checkpoint_dir(Path(path))
+    if ckpt is not None:
+        import yaml
+
+        return yaml.safe_load((ckpt / "config.yaml").read_text())["target"]
+    config = json.loads((Path(path) / "config.json").read_text())
+    return config["speculators_config"]["verifier"]["name_or_path"]
