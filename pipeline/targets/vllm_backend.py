@@ -106,9 +106,14 @@ class VLLMTarget:
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: no disk I/O
         self.spool_dir = tempfile.mkdtemp(prefix="dspark-capture-", dir=shm)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.spool_dir, True)
-        self.kv_config = capture.kv_transfer_config(
-            os.environ.get("DSPARK_CAPTURE_TRANSPORT", "spool"), self.spool_dir
-        )
+        transport = os.environ.get("DSPARK_CAPTURE_TRANSPORT", "spool")
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        if transport == "inprocess" and (not in_process or config.tensor_parallel_size > 1):
+            raise ValueError(
+                "DSPARK_CAPTURE_TRANSPORT=inprocess needs VLLM_ENABLE_V1_MULTIPROCESSING=0 and "
+                "tensor_parallel_size 1 (the worker must run in this process); use 'spool'"
+            )
+        self.kv_config = capture.kv_transfer_config(transport, self.spool_dir)
         kwargs["kv_transfer_config"] = self.kv_config
         self.reader = capture.CaptureReader(self.kv_config)
         _export_package_path()
