@@ -62,8 +62,14 @@ def run_demo(
     console.rule("[bold]4. dspark-targets inspect " + config.output.uri)
     console.print(inspect_dataset(config.output.uri).to_text(), markup=False)
     console.print(answers_table(config, model_dir))
+
+    console.rule("[bold]5. train a DSpark draft on the dataset, serve it with vLLM")
+    from pipeline.train.demo import train_demo_draft
+
+    trained = train_demo_draft(out_dir, data_uri=config.output.uri)
+    console.print_json(data=trained)
     log.info("demo done %s", kv(total_s=round(time.monotonic() - started, 1)))
-    return {"summary": summary, "dataset": config.output.uri}
+    return {"summary": summary, "dataset": config.output.uri, "train": trained}
 
 
 def answers_table(config, model_dir: str, per_domain: int = 1):

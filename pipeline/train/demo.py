@@ -23,6 +23,7 @@ def train_demo_draft(
     num_steps: int = 150,
     serve: bool = True,
     num_prompts: int = 6,
+    data_uri: str | None = None,
 ) -> dict[str, Any]:
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
     import torch
@@ -34,8 +35,9 @@ def train_demo_draft(
 
     out_dir = Path(out_dir)
     started = time.monotonic()
-    shards = out_dir / "train-shards"
-    if Dataset.open(str(shards)).latest_version() is None:
+    # Train on the given dataset (the demo's regenerated one), else on reference shards.
+    shards = data_uri or str(out_dir / "train-shards")
+    if data_uri is None and Dataset.open(shards).latest_version() is None:
         write_reference_shards(shards, num_conversations=num_conversations, num_units=4)
     shard_seconds = time.monotonic() - started
     config = load_train_config(
