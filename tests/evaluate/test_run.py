@@ -119,3 +119,26 @@ def test_live_loop_at_t0_reproduces_the_offline_walk(dspark_run, trained_target_
         assert run.accepted == table.accepted[anchors].tolist()
         compared += 1
     assert compared >= 3
+
+
+def test_exports_load_as_the_checkpoint_they_came_from(dspark_run, trained_target_dir):
+    """A speculators export (what vLLM serves) drafts exactly like the training checkpoint."""
+    ckpt = load_draft(dspark_run, target_dir=trained_target_dir)
+    export = load_draft(dspark_run / "export", target_dir=trained_target_dir)
+    backbone = load_draft(dspark_run / "export-dflash", target_dir=trained_target_dir)
+    assert export.spec == ckpt.spec
+    assert backbone.spec.kind == "dflash" and backbone.spec.markov_rank == 0
+    config = _config(dspark_run, dspark_run / "unused")
+    samples, _ = load_heldout(
+        config, {"DSpark": ckpt.train_config}, {"DSpark": ckpt.spec}, trained_target_dir
+    )
+    sample = samples[0]
+    anchors = torch.arange(sample.num_prompt_tokens, len(sample.input_ids) - 1)
+    full = ModelDrafter("c", ckpt.model).draft(sample, anchors)
+    assert torch.equal(ModelDrafter("e", export.model).draft(sample, anchors).tokens, full.tokens)
+    no_heads = ModelDrafter("c", ckpt.model, use_heads=False).draft(sample, anchors)
+    assert torch.equal(
+        ModelDrafter("b", backbone.model).draft(sample, anchors).tokens, no_heads.tokens
+    )
+    with pytest.raises(FileNotFoundError, match="not a training run"):
+        load_draft(dspark_run / "metrics.jsonl", target_dir=trained_target_dir)
