@@ -26,9 +26,12 @@ class DraftConfig(_Model):
 
     # dspark: DFlash backbone + Markov logit-bias head + confidence head.
     # dflash: the same backbone without the heads, trained with CE only.
-    kind: Literal["dspark", "dflash"] = "dspark"
+    # eagle3: the EAGLE-3 baseline (pipeline/train/eagle3.py): one layer, the
+    # training-time test unrolled block_size steps (default 1 layer, 7 steps).
+    kind: Literal["dspark", "dflash", "eagle3"] = "dspark"
     num_layers: int = Field(5, gt=0)
-    # Query slots per block: [anchor, MASK x (block_size - 1)].
+    # Query slots per block: [anchor, MASK x (block_size - 1)]. eagle3: the
+    # number of unrolled draft steps (vLLM's num_speculative_tokens).
     block_size: int = Field(8, ge=2)
     # True: slot k predicts token p+k+1 (the anchor slot predicts too; block_size
     # drafted tokens). False: the DFlash fill-in layout, slot k predicts p+k
@@ -51,11 +54,29 @@ class DraftConfig(_Model):
     @property
     def anchor_predicts(self) -> bool:
         if self.sample_from_anchor is None:
-            return self.kind == "dspark"
+            return self.kind in ("dspark", "eagle3")
         return self.sample_from_anchor
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eagle3_defaults(cls, data: Any) -> Any:
+        # EAGLE-3: one layer, 7 unrolled steps unless the config says otherwise.
+        if isinstance(data, dict) and data.get("kind") == "eagle3":
+            data = {"num_layers": 1, "block_size": 7, **data}
+        return data
 
     @model_validator(mode="after")
     def _heads_only_for_dspark(self) -> DraftConfig:
+        if self.kind == "eagle3" and self.num_layers != 1:
+            raise ValueError(
+                f"kind: eagle3 is the one-layer EAGLE-3 baseline, got num_layers {self.num_layers}: "
+                "set num_layers: 1 (or leave it unset)"
+            )
+        if self.kind == "eagle3" and self.sample_from_anchor is False:
+            raise ValueError(
+                "kind: eagle3 drafts from the token just sampled (step s predicts token a+s+1): "
+                "leave sample_from_anchor unset"
+            )
         if self.kind == "dflash" and self.sample_from_anchor:
             raise ValueError(
                 "sample_from_anchor=true is the DSpark layout; vLLM's dflash method serves "
@@ -65,22 +86,37 @@ class DraftConfig(_Model):
 
 
 class LossConfig(_Model):
-    """Weights of `0.1 CE + 0.9 TV + 1.0 BCE`; None picks the kind's default
-    (dspark: 0.1/0.9/1.0, dflash: CE only)."""
+    """Weights of `0.1 CE + 0.9 TV + 1.0 BCE (+ KL)`; None picks the kind's default
+    (dspark: 0.1/0.9/1.0, dflash: CE only, eagle3: forward KL to the target only)."""
 
     ce_weight: float | None = Field(None, ge=0.0)
     tv_weight: float | None = Field(None, ge=0.0)
     bce_weight: float | None = Field(None, ge=0.0)
+    # Forward KL(p_target || p_draft): EAGLE-3's soft-label loss (same gradient as
+    # its -sum p_target log p_draft); None: 1.0 for eagle3, else 0.
+    kl_weight: float | None = Field(None, ge=0.0)
     # Slot k (1-based) is weighted by exp(-(k-1)/gamma); 4 for blocks of 7-8.
     gamma: float = Field(4.0, gt=0.0)
+    # eagle3 only: step s (0-based) of the unrolled training-time test is
+    # weighted by ttt_step_decay**s (EAGLE-3: 0.8); replaces gamma.
+    ttt_step_decay: float = Field(0.8, gt=0.0, le=1.0)
 
     def weights(self, kind: str) -> tuple[float, float, float]:
-        ce, tv, bce = (0.1, 0.9, 1.0) if kind == "dspark" else (1.0, 0.0, 0.0)
+        ce, tv, bce = {
+            "dspark": (0.1, 0.9, 1.0),
+            "dflash": (1.0, 0.0, 0.0),
+            "eagle3": (0.0, 0.0, 0.0),
+        }[kind]
         return (
             ce if self.ce_weight is None else self.ce_weight,
             tv if self.tv_weight is None else self.tv_weight,
             bce if self.bce_weight is None else self.bce_weight,
         )
+
+    def kl(self, kind: str) -> float:
+        if self.kl_weight is not None:
+            return self.kl_weight
+        return 1.0 if kind == "eagle3" else 0.0
 
 
 class TrainDataConfig(_Model):

@@ -268,6 +268,7 @@ def pack(
     last = torch.zeros(r, tc, h, dtype=samples[0].last_hidden_state.dtype)
     ctx_pos = torch.zeros(r, tc, dtype=torch.long)
     ctx_doc = torch.full((r, tc), -1, dtype=torch.long)
+    ctx_ids = torch.zeros(r, tc, dtype=torch.long)
     block_ids = torch.full((r, nb, b), spec.mask_token_id, dtype=torch.long)
     block_anchor = torch.zeros(r, nb, dtype=torch.long)
     block_doc = torch.full((r, nb), -1, dtype=torch.long)
@@ -287,6 +288,7 @@ def pack(
             last[ri, c : c + t] = s.last_hidden_state
             ctx_pos[ri, c : c + t] = torch.arange(t)
             ctx_doc[ri, c : c + t] = doc
+            ctx_ids[ri, c : c + t] = s.input_ids
             k = len(a)
             if k:
                 pos = a[:, None] + slots[None, :]  # (k, B) position of the drafted token
@@ -303,7 +305,9 @@ def pack(
                 valid[ri, n : n + k] = ok
             c += t
             n += k
-    inputs = DraftInputs(feats, ctx_pos, ctx_doc, block_ids, block_anchor, block_doc, prev_ids)
+    inputs = DraftInputs(
+        feats, ctx_pos, ctx_doc, block_ids, block_anchor, block_doc, prev_ids, ctx_ids
+    )
     return TrainBatch(inputs, last, teacher, target_ids, valid, len(samples), tokens)
 
 

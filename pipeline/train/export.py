@@ -15,6 +15,14 @@ A DSpark draft trained in the fill-in layout (`sample_from_anchor: false`)
 also exports its backbone as a DFlash draft: the same tensors minus the two
 heads. vLLM's CPU build serves `dflash` but not `dspark` (Triton-only runner),
 so that export is how a DSpark checkpoint is checked end to end on CPU.
+
+EAGLE-3 (`speculators_model_type: "eagle3"`, vLLM's `Eagle3Qwen3ForCausalLM`):
+`eagle_aux_hidden_state_layer_ids` = the capture ids unchanged (vLLM's target
+appends the stream after layer k for id k, no shift for eagle3),
+`norm_before_residual: false` (what the trainer's layer does; vLLM's default
+when the key is absent is true), tensors `fc.weight`, `layers.0.*` (q/k/v read
+the 2H input), `layers.0.hidden_norm.weight`, `norm.weight`; no lm_head,
+embed_tokens, d2t/t2d (full vocabulary: vLLM shares the target's).
 """
 
 from __future__ import annotations
@@ -63,8 +71,43 @@ def _layer_config(spec: DraftSpec, target_config: dict) -> dict:
     }
 
 
+def eagle3_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dict:
+    """config.json of a speculators-format EAGLE-3 draft (see the module docstring)."""
+    return {
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": _layer_config(spec, target_config),
+        "eagle_aux_hidden_state_layer_ids": list(spec.aux_layer_ids),
+        "target_hidden_size": spec.target_hidden_size,
+        "draft_vocab_size": spec.vocab_size,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": spec.num_draft_tokens}
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {
+                "name_or_path": verifier,
+                "architectures": target_config.get("architectures", ["Qwen3ForCausalLM"]),
+            },
+        },
+        "dspark_targets": {
+            "aux_layer_convention": "aux id k = residual stream after k decoder layers",
+            "trained_kind": spec.kind,
+            "ttt_steps": spec.block_size,
+        },
+    }
+
+
 def speculators_config(spec: DraftSpec, *, kind: str, verifier: str, target_config: dict) -> dict:
-    """config.json of a speculators-format draft of `kind` ('dflash' or 'dspark')."""
+    """config.json of a speculators-format draft of `kind` ('dflash', 'dspark' or 'eagle3')."""
+    if kind == "eagle3" or spec.kind == "eagle3":
+        if kind != spec.kind:
+            raise ValueError(f"a {spec.kind} draft cannot be exported as {kind}")
+        return eagle3_config(spec, verifier=verifier, target_config=target_config)
     if kind == "dflash" and spec.sample_from_anchor:
         raise ValueError(
             "a draft trained with sample_from_anchor=true predicts token p+k+1 in slot k; vLLM's "

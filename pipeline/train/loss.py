@@ -5,6 +5,11 @@ weighted by `exp(-(k-1)/gamma)` where k is the 1-based index of the token the
 slot drafts. The target distribution comes from the stored post-norm final
 hidden state through the frozen lm_head (the caller passes those logits).
 
+The EAGLE-3 baseline uses the same function with only the forward-KL term
+`KL(p_target || p_draft)` (EAGLE-3's soft-label cross-entropy minus the
+target's entropy: same gradient, 0 at a perfect draft) and the step weights
+`decay**s` of `ttt_step_weights`.
+
 Sums, not means, come back with the normaliser separate, so data-parallel
 workers can all-reduce the normaliser first and every worker's share of the
 gradient is exact for the global batch (1 worker == N workers).
@@ -26,6 +31,11 @@ def slot_weights(*, block_size: int, first_offset: int, gamma: float) -> torch.T
     return torch.where(k >= 1, w, torch.zeros_like(w))
 
 
+def ttt_step_weights(*, num_steps: int, decay: float) -> torch.Tensor:
+    """(num_steps,) EAGLE-3 weight of unrolled step s (0-based): decay**s (0.8 in EAGLE-3)."""
+    return decay ** torch.arange(num_steps, dtype=torch.float32)
+
+
 @dataclass
 class LossParts:
     total: torch.Tensor  # scalar: weighted sum / normaliser (what backward sees)
@@ -34,6 +44,7 @@ class LossParts:
     bce_sum: torch.Tensor  # scalar: sum of w * BCE (0 without a confidence head)
     weight_sum: torch.Tensor  # scalar: sum of w over valid slots (the local normaliser)
     tv: torch.Tensor  # (R, Nb, B) per-slot TV (detached; 0 where invalid)
+    kl_sum: torch.Tensor | None = None  # scalar: sum of w * KL(target || draft); 0 if unweighted
 
 
 def draft_loss(
@@ -48,6 +59,7 @@ def draft_loss(
     tv_weight: float,
     bce_weight: float,
     normalizer: float | torch.Tensor | None = None,  # global sum of w; None: local
+    kl_weight: float = 0.0,  # forward KL(p_target || p_draft), EAGLE-3's loss
 ) -> LossParts:
     sel = valid.nonzero(as_tuple=True)
     w = weights.to(logits.device)[sel[2]]  # (N,)
@@ -56,6 +68,10 @@ def draft_loss(
     logp = F.log_softmax(draft, dim=-1)
     ce = -logp.gather(-1, target_ids[sel][:, None]).squeeze(-1)  # (N,)
     tv = 0.5 * (logp.exp() - F.softmax(target, dim=-1)).abs().sum(-1)  # (N,)
+    kl = torch.zeros_like(tv)
+    if kl_weight > 0:
+        logq = F.log_softmax(target, dim=-1)  # (N, V) target log-probabilities
+        kl = (logq.exp() * (logq - logp)).sum(-1)  # (N,)
     bce = torch.zeros_like(tv)
     if confidence_logit is not None and bce_weight > 0:
         accept = (1.0 - tv).detach().clamp(0.0, 1.0)
@@ -63,13 +79,24 @@ def draft_loss(
             confidence_logit[sel].float(), accept, reduction="none"
         )
     ce_sum, tv_sum, bce_sum = (w * ce).sum(), (w * tv).sum(), (w * bce).sum()
+    kl_sum = (w * kl).sum()
     weight_sum = w.sum().detach()
     norm = weight_sum if normalizer is None else normalizer
     norm = torch.as_tensor(norm, dtype=torch.float32, device=draft.device).clamp_min(1e-8)
-    total = (ce_weight * ce_sum + tv_weight * tv_sum + bce_weight * bce_sum) / norm
+    total = (
+        ce_weight * ce_sum + tv_weight * tv_sum + bce_weight * bce_sum + kl_weight * kl_sum
+    ) / norm
     tv_full = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
     tv_full[sel] = tv.detach()
-    return LossParts(total, ce_sum.detach(), tv_sum.detach(), bce_sum.detach(), weight_sum, tv_full)
+    return LossParts(
+        total,
+        ce_sum.detach(),
+        tv_sum.detach(),
+        bce_sum.detach(),
+        weight_sum,
+        tv_full,
+        kl_sum.detach(),
+    )
 
 
 @dataclass

@@ -35,7 +35,7 @@ from torch import nn
 class DraftSpec:
     """The resolved draft architecture: target shapes + DraftConfig choices."""
 
-    kind: str  # "dspark" | "dflash"
+    kind: str  # "dspark" | "dflash" | "eagle3" (pipeline/train/eagle3.py)
     vocab_size: int  # target vocabulary (embedding rows)
     hidden_size: int  # d == target hidden size (embeddings and lm_head are shared)
     target_hidden_size: int  # H of the captured target layers
@@ -118,9 +118,14 @@ class DraftInputs:
     block_anchor: torch.Tensor  # (R, Nb) int64, anchor position a within its sample
     block_doc: torch.Tensor  # (R, Nb) int64, sample index within the row, -1 = pad
     prev_ids: torch.Tensor  # (R, Nb, B) int64, token before each slot's target (Markov input)
+    # (R, Tc) int64, the token at each context slot (0 at padding); EAGLE-3 feeds
+    # token j+1 beside the features of token j. None where no caller needs it.
+    ctx_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> DraftInputs:
-        return DraftInputs(**{k: v.to(device) for k, v in self.__dict__.items()})
+        return DraftInputs(
+            **{k: None if v is None else v.to(device) for k, v in self.__dict__.items()}
+        )
 
 
 @dataclass

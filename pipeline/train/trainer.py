@@ -181,8 +181,9 @@ def run_worker(
 
     from pipeline.targets.toy import resolve_model
     from pipeline.train.data import DataPosition, TrainingData, iter_batches, prefetched
-    from pipeline.train.loss import BlockStats, block_stats, draft_loss, slot_weights, summarize
-    from pipeline.train.model import DraftModel, load_target_head, resolve_spec
+    from pipeline.train.eagle3 import build_draft
+    from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize
+    from pipeline.train.model import load_target_head, resolve_spec
 
     config = TrainConfig.model_validate(config_data)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -205,6 +206,8 @@ def run_worker(
         target=config.target, target_config=target_config, aux_layer_ids=config.draft.aux_layer_ids
     )
     mask_id = config.draft.mask_token_id
+    if mask_id is None and config.draft.kind == "eagle3":
+        mask_id = 0  # EAGLE-3 feeds real tokens only; the id is never embedded
     if mask_id is None:
         mask_id = AutoTokenizer.from_pretrained(target_dir).mask_token_id
         if mask_id is None:
@@ -215,7 +218,7 @@ def run_worker(
     spec = resolve_spec(target_dir, config.draft, data.provenance.aux_layer_ids, mask_id)
     embed, head = load_target_head(target_dir)
     torch.manual_seed(config.seed)
-    model = DraftModel(spec, embed, head).to(device)
+    model = build_draft(spec, embed, head).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(
         params,
@@ -257,10 +260,9 @@ def run_worker(
 
         net = DistributedDataParallel(model, device_ids=[device.index] if config.use_gpu else None)
 
-    weights = slot_weights(
-        block_size=spec.block_size, first_offset=spec.first_offset, gamma=config.loss.gamma
-    ).to(device)
+    weights = step_weights(spec, config.loss).to(device)
     ce_w, tv_w, bce_w = config.loss.weights(spec.kind)
+    kl_w = config.loss.kl(spec.kind)
     batches = prefetched(
         iter_batches(
             data,
@@ -310,6 +312,7 @@ def run_worker(
             tv_weight=tv_w,
             bce_weight=bce_w,
             normalizer=global_w,
+            kl_weight=kl_w,
         )
         optim.zero_grad(set_to_none=True)
         # DDP averages gradients over workers; each worker holds local_sum/global_w.
@@ -328,7 +331,9 @@ def run_worker(
         )
         sums = torch.cat(
             [
-                torch.stack([parts.ce_sum, parts.tv_sum, parts.bce_sum, local_w.detach()]).float(),
+                torch.stack(
+                    [parts.ce_sum, parts.tv_sum, parts.bce_sum, local_w.detach(), parts.kl_sum]
+                ).float(),
                 torch.tensor(
                     [batch.num_samples, batch.num_tokens], dtype=torch.float32, device=device
                 ),
@@ -338,15 +343,16 @@ def run_worker(
         if distributed:
             dist.all_reduce(sums)
         if rank == 0:
-            ce, tv, bce, wsum, samples, tokens = (float(x) for x in sums[:6])
+            ce, tv, bce, wsum, kl, samples, tokens = (float(x) for x in sums[:7])
             wsum = max(wsum, 1e-8)
             row = {
                 "step": step,
                 "lr": lr,
-                "loss": (ce_w * ce + tv_w * tv + bce_w * bce) / wsum,
+                "loss": (ce_w * ce + tv_w * tv + bce_w * bce + kl_w * kl) / wsum,
                 "ce": ce / wsum,
                 "tv": tv / wsum,
                 "bce": bce / wsum,
+                "kl": kl / wsum,
                 "grad_norm": float(grad_norm),
                 "samples": int(samples),
                 "tokens": int(tokens),
@@ -355,7 +361,7 @@ def run_worker(
             }
             row.update(
                 summarize(
-                    stats=BlockStats.from_vector(sums[6:].cpu(), spec.block_size),
+                    stats=BlockStats.from_vector(sums[7:].cpu(), spec.block_size),
                     first_offset=spec.first_offset,
                 )
             )
@@ -410,11 +416,9 @@ def evaluate_heldout(
     import torch
 
     from pipeline.train.data import heldout_batches
-    from pipeline.train.loss import BlockStats, block_stats, draft_loss, slot_weights, summarize
+    from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize
 
-    weights = slot_weights(
-        block_size=spec.block_size, first_offset=spec.first_offset, gamma=config.loss.gamma
-    ).to(device)
+    weights = step_weights(spec, config.loss).to(device)
     total: torch.Tensor | None = None
     count = 0
     model.eval()
@@ -453,6 +457,18 @@ def evaluate_heldout(
     )
     out["samples"] = count
     return out
+
+
+def step_weights(spec, loss_config):
+    """(B,) loss weight per block slot: exp(-(k-1)/gamma) (DSpark/DFlash), or
+    EAGLE-3's decay**s over the unrolled steps s (eagle3)."""
+    from pipeline.train.loss import slot_weights, ttt_step_weights
+
+    if spec.kind == "eagle3":
+        return ttt_step_weights(num_steps=spec.block_size, decay=loss_config.ttt_step_decay)
+    return slot_weights(
+        block_size=spec.block_size, first_offset=spec.first_offset, gamma=loss_config.gamma
+    )
 
 
 def _truncate_metrics(out_dir: Path, step: int) -> None:

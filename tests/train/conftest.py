@@ -50,3 +50,29 @@ def toy_shards(tmp_path_factory, trained_target_dir) -> Path:
     uri = tmp_path_factory.mktemp("train-shards") / "ds"
     write_reference_shards(uri, num_conversations=96, num_units=2)
     return uri
+
+
+# Generated tokens per prompt in the vLLM serving tests.
+SERVE_MAX_TOKENS = 48
+
+
+def toy_prompts(target_dir, n: int = 6) -> list[list[int]]:
+    """Rendered first prompts of conversations the toy shards never contain."""
+    from transformers import AutoTokenizer
+
+    from pipeline.corpus.synthetic import SyntheticSpec, generate
+    from pipeline.render import first_prompt, render_prompt
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    convs = list(generate(SyntheticSpec(num_conversations=n, seed=12345)))  # not trained on
+    return [render_prompt(tok, first_prompt(c["messages"])) for c in convs]
+
+
+@pytest.fixture(scope="session")
+def plain_toy_decode(trained_target_dir):
+    """(prompts, plain greedy vLLM decoding of them): one engine start shared by every
+    serving test, which then compares its speculative run against it (same batch)."""
+    from pipeline.train.vllm_check import decode
+
+    prompts = toy_prompts(trained_target_dir)
+    return prompts, decode(trained_target_dir, prompts, max_tokens=SERVE_MAX_TOKENS)

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from pipeline.train.config import parse_train_config
 from pipeline.train.export import export_checkpoint
 from pipeline.train.trainer import latest_checkpoint, train
+from tests.train.conftest import SERVE_MAX_TOKENS, toy_prompts
 
 
 def _train(shards, out_dir, kind: str, num_steps: int, **draft):
@@ -122,23 +123,13 @@ def test_anchor_layout_dspark_is_not_exported_as_dflash(toy_shards, tmp_path):
     assert _tensor_names(again.draft) == _tensor_names(result.export_dir)
 
 
-def _prompts(target_dir, n: int = 6):
-    from transformers import AutoTokenizer
-
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
-    from pipeline.render import first_prompt, render_prompt
-
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    convs = list(generate(SyntheticSpec(num_conversations=n, seed=12345)))  # not trained on
-    return [render_prompt(tok, first_prompt(c["messages"])) for c in convs]
-
-
 @pytest.mark.slow
-def test_vllm_serves_dflash_and_dspark_backbone_losslessly(drafts, trained_target_dir):
+def test_vllm_serves_dflash_and_dspark_backbone_losslessly(
+    drafts, trained_target_dir, plain_toy_decode
+):
     from pipeline.train.vllm_check import decode
 
-    prompts = _prompts(trained_target_dir)
-    plain = decode(trained_target_dir, prompts, max_tokens=48)
+    prompts, plain = plain_toy_decode  # shared with the EAGLE-3 serving test
     assert all(plain.outputs) and plain.num_drafts == 0
     for name, draft_dir in (
         ("dflash", drafts["dflash"].export_dir),
@@ -147,7 +138,7 @@ def test_vllm_serves_dflash_and_dspark_backbone_losslessly(drafts, trained_targe
         spec = decode(
             trained_target_dir,
             prompts,
-            max_tokens=48,
+            max_tokens=SERVE_MAX_TOKENS,
             draft_dir=draft_dir,
             method="dflash",
             num_speculative_tokens=4,
@@ -182,7 +173,7 @@ def _dspark_runs_here() -> bool:
 def test_vllm_serves_dspark_on_gpu(drafts, trained_target_dir):
     from pipeline.train.vllm_check import decode
 
-    prompts = _prompts(trained_target_dir)
+    prompts = toy_prompts(trained_target_dir)
     plain = decode(
         trained_target_dir, prompts, max_tokens=48, dtype="bfloat16", gpu_memory_utilization=0.3
     )
