@@ -60,7 +60,7 @@ def run_demo(
         console.print(line)
 
     console.rule("[bold]4. dspark-targets inspect " + config.output.uri)
-    console.print(inspect_dataset(config.output.uri).to_text(), markup=False)
+    print(inspect_dataset(config.output.uri).to_text())
     console.print(answers_table(config, model_dir))
 
     console.rule("[bold]5. train a DSpark draft on the dataset, serve it with vLLM")

@@ -21,8 +21,13 @@ def setup_logging(verbose: bool = False) -> None:
         force=True,
     )
     if not verbose:
+        import warnings
+
         for name in _NOISY:
             logging.getLogger(name).setLevel(logging.WARNING)
+        # vLLM's CPU build warns at every start (Triton, oneDNN, deprecated torch APIs).
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", category=FutureWarning)
         # vLLM's CPU build warns at every start about Triton and oneDNN fallbacks.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
