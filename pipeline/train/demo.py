@@ -5,6 +5,8 @@ HF reference path, until the regeneration stage's shards are used), trains a
 DSpark draft in the fill-in layout for a couple of minutes, exports it, and
 (with `serve`) decodes held-out prompts with vLLM's CPU build, plain and with
 the draft's DFlash backbone, returning vLLM's acceptance counters.
+`kind="eagle3"` trains the EAGLE-3 baseline instead (train-toy-eagle3.yaml)
+and serves it with vLLM's `eagle3` method.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "train-toy.yaml"
+EAGLE3_CONFIG = DEMO_CONFIG.with_name("train-toy-eagle3.yaml")
 
 
 def train_demo_draft(
@@ -24,6 +27,7 @@ def train_demo_draft(
     serve: bool = True,
     num_prompts: int = 6,
     data_uri: str | None = None,
+    kind: str = "dspark",
 ) -> dict[str, Any]:
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
     import torch
@@ -40,11 +44,13 @@ def train_demo_draft(
     if data_uri is None and Dataset.open(shards).latest_version() is None:
         write_reference_shards(shards, num_conversations=num_conversations, num_units=4)
     shard_seconds = time.monotonic() - started
+    if kind not in ("dspark", "eagle3"):
+        raise ValueError(f"kind {kind!r}: the demo trains 'dspark' or 'eagle3'")
     config = load_train_config(
-        DEMO_CONFIG,
+        EAGLE3_CONFIG if kind == "eagle3" else DEMO_CONFIG,
         overrides={
             "data.uri": str(shards),
-            "out_dir": str(out_dir / "train"),
+            "out_dir": str(out_dir / ("train-eagle3" if kind == "eagle3" else "train")),
             "num_steps": num_steps,
         },
     )
@@ -62,7 +68,8 @@ def train_demo_draft(
         "export_dir": str(result.export_dir),
         "dflash_dir": str(result.dflash_dir),
     }
-    if serve and result.dflash_dir is not None:
+    served = result.export_dir if kind == "eagle3" else result.dflash_dir
+    if serve and served is not None:
         from transformers import AutoTokenizer
 
         from pipeline.corpus.synthetic import SyntheticSpec, generate
@@ -74,7 +81,7 @@ def train_demo_draft(
         tok = AutoTokenizer.from_pretrained(target_dir)
         convs = list(generate(SyntheticSpec(num_conversations=num_prompts, seed=12345)))
         prompts = [render_prompt(tok, first_prompt(c["messages"])) for c in convs]
-        check = speculative_check(target_dir, result.dflash_dir, prompts, max_tokens=96)
+        check = speculative_check(target_dir, served, prompts, max_tokens=96)
         summary["vllm"] = check.summary()
     summary["total_seconds"] = round(time.monotonic() - started, 1)
     return summary
@@ -87,4 +94,6 @@ if __name__ == "__main__":
     from pipeline.logs import setup_logging
 
     setup_logging()
-    print(json.dumps(train_demo_draft(sys.argv[1] if len(sys.argv) > 1 else "runs/demo"), indent=2))
+    out = sys.argv[1] if len(sys.argv) > 1 else "runs/demo"
+    kind = sys.argv[2] if len(sys.argv) > 2 else "dspark"
+    print(json.dumps(train_demo_draft(out, kind=kind), indent=2))
