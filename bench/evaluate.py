@@ -171,6 +171,8 @@ def main() -> None:
             "",
             f"* **P6 = DSpark / DFlash macro tau = {p6:.3f}** (goal >= 1.16)",
             f"* **P4 = DSpark on fp8 shards / on bf16 shards = {p4:.3f}** (goal >= 0.99)",
+            "",
+            "\"untrained\" keeps the target's frozen embeddings and lm_head (only the draft layers are random), and a trained target's lm_head(embed(x)) already predicts the next token like a bigram model: hence its first-position acceptance above zero.",
             END,
         ]
     )
