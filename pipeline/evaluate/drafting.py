@@ -148,6 +148,11 @@ def load_draft(
             f"{path}: not a training run (checkpoints/latest), a checkpoint (spec.json + "
             "state.pt) or a speculators export (config.json + model.safetensors)"
         )
+    if spec.kind not in ("dspark", "dflash"):
+        raise ValueError(
+            f"{path}: a {spec.kind!r} draft; the offline evaluator drafts DSpark/DFlash blocks "
+            "only (EAGLE-3 drafts autoregressively from its own hidden states: not built yet)"
+        )
     if embed.shape[0] != spec.vocab_size or embed.shape[1] != spec.hidden_size:
         raise ValueError(
             f"{path}: draft expects vocab {spec.vocab_size} x hidden {spec.hidden_size}, "
