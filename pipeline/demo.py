@@ -5,7 +5,11 @@
 3. regenerates it on a local Ray with a CPU vLLM replica that captures hidden
    states in the same pass, committing a dataset version under `<out>/dataset`;
 4. prints `inspect` of that version and a few regenerated answers read back
-   from the shards, beside the corpus' reference answers.
+   from the shards, beside the corpus' reference answers;
+5. trains a DSpark draft on the dataset for a few minutes, exports it and
+   serves it with vLLM (output identical to plain decoding, acceptance counters);
+6. measures the draft's acceptance length per domain offline and prints the
+   table and the plot paths.
 
 Every step is resumable: a second `make demo` reuses the target and finds the
 dataset's units committed.
@@ -68,8 +72,13 @@ def run_demo(
 
     trained = train_demo_draft(out_dir, data_uri=config.output.uri)
     console.print_json(data=trained)
+
+    console.rule("[bold]6. acceptance length on the held-out split (offline, T=0)")
+    from pipeline.evaluate import demo_report
+
+    evaluation = demo_report(out_dir / "eval", dspark=out_dir / "train")
     log.info("demo done %s", kv(total_s=round(time.monotonic() - started, 1)))
-    return {"summary": summary, "dataset": config.output.uri, "train": trained}
+    return {"summary": summary, "dataset": config.output.uri, "train": trained, "eval": evaluation}
 
 
 def answers_table(config, model_dir: str, per_domain: int = 1):
