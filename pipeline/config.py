@@ -8,7 +8,7 @@ message names the file, the dotted key and what is wrong with it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -255,18 +255,21 @@ def _format_errors(source: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig:
-    """Validate a mapping; `source` names it in errors."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_model(model: type[M], data: Any, source: str = "<dict>") -> M:
+    """Validate a mapping as `model`; errors name `source`, the dotted key and the problem."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
     try:
-        return PipelineConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_errors(source, err)) from None
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    """Read a YAML config; `overrides` are dotted keys (`replicas.num_replicas`)."""
+def load_model_yaml(model: type[M], path: str | Path, overrides: dict[str, Any] | None = None) -> M:
+    """Read a YAML file as `model`; `overrides` are dotted keys (`replicas.num_replicas`)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -278,7 +281,17 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
-    return parse_config(data, str(path))
+    return parse_model(model, data, str(path))
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig:
+    """Validate a pipeline config mapping; `source` names it in errors."""
+    return parse_model(PipelineConfig, data, source)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a pipeline YAML config; `overrides` are dotted keys (`replicas.num_replicas`)."""
+    return load_model_yaml(PipelineConfig, path, overrides)
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
