@@ -18,7 +18,7 @@ from safetensors import safe_open
 from pipeline.train.config import parse_train_config
 from pipeline.train.export import export_checkpoint
 from pipeline.train.trainer import latest_checkpoint, train
-from tests.train.conftest import SERVE_MAX_TOKENS, toy_prompts
+from .conftest import SERVE_MAX_TOKENS, toy_prompts
 
 
 def _train(shards, out_dir, kind: str, num_steps: int, **draft):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.train.model import DraftInputs, DraftModel, block_attention_mask, rope
-from tests.train.conftest import tiny_spec
+from .conftest import tiny_spec
 
 
 def _inputs(spec, seed: int = 0) -> DraftInputs:
