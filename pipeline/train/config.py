@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.config import ConfigError, _format_errors
+from pipeline.config import load_model_yaml, parse_model
 
 
 class _Model(BaseModel):
@@ -211,32 +211,12 @@ class TrainConfig(_Model):
 
 def parse_train_config(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
     """Validate a mapping; `source` names it in errors."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(source, err)) from None
+    return parse_model(TrainConfig, data, source)
 
 
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a training YAML; `overrides` are dotted keys (`optim.lr`)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    for dotted, value in (overrides or {}).items():
-        *parents, leaf = dotted.split(".")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return parse_train_config(data, str(path))
+    return load_model_yaml(TrainConfig, path, overrides)
 
 
 def dump_train_config(config: TrainConfig) -> str:
