@@ -13,8 +13,6 @@ The files are plain Parquet: `parquet_files()` gives the list to hand to
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pipeline.prefetch import prefetched
 from pipeline.shards import codecs
 from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
 from pipeline.shards.schema import ShardMeta, read_shard_meta
@@ -153,7 +152,7 @@ class ShardReader:
         if self.prefetch == 0:
             yield from self._produce()
             return
-        yield from _prefetched(self._produce(), self.prefetch)
+        yield from prefetched(self._produce(), self.prefetch, name="shard-prefetch")
 
     def _produce(self) -> Iterator[TrainingSample]:
         for entry in self.shards:
@@ -210,42 +209,3 @@ class ShardReader:
             self.domains = domains
 
 
-_DONE = object()
-
-
-def _prefetched(source: Iterator[TrainingSample], depth: int) -> Iterator[TrainingSample]:
-    """Run `source` in a daemon thread, `depth` items ahead; errors surface in the caller."""
-    items: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in source:
-                if not put(item):
-                    return
-            put(_DONE)
-        except BaseException as err:  # handed to the consumer, raised there
-            put(err)
-
-    thread = threading.Thread(target=run, name="shard-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = items.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=5)

@@ -24,8 +24,6 @@
 from __future__ import annotations
 
 import hashlib
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -364,47 +362,3 @@ def heldout_batches(
         samples = data.decode(refs[i : i + batch_size])
         anchors = sample_anchors(samples, num_anchors=data.cfg.num_anchors, seed=seed, epoch=-1)
         yield pack(samples, anchors, spec=spec, max_row_tokens=data.cfg.max_row_tokens)
-
-
-_DONE = object()
-
-
-def prefetched(source: Iterator, depth: int) -> Iterator:
-    """Run `source` in a daemon thread, `depth` items ahead; its errors surface here."""
-    if depth <= 0:
-        yield from source
-        return
-    items: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in source:
-                if not put(item):
-                    return
-            put(_DONE)
-        except BaseException as err:  # raised in the consumer
-            put(err)
-
-    thread = threading.Thread(target=run, name="train-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = items.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=5)

@@ -179,8 +179,9 @@ def run_worker(
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
+    from pipeline.prefetch import prefetched
     from pipeline.targets.toy import resolve_model
-    from pipeline.train.data import DataPosition, TrainingData, iter_batches, prefetched
+    from pipeline.train.data import DataPosition, TrainingData, iter_batches
     from pipeline.train.eagle3 import build_draft
     from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize
     from pipeline.train.model import load_target_head, resolve_spec
