@@ -26,7 +26,6 @@ MB/s (raw bf16 MB in per second), median of the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -41,6 +40,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from results_file import merge_results, write_section  # noqa: E402  (bench/ is sys.path[0])
 
 from pipeline.shards import codecs  # noqa: E402
 from pipeline.shards.manifest import Dataset  # noqa: E402
@@ -294,10 +295,7 @@ def toy_hidden_states(num_conversations: int = 48) -> tuple[list, list, tuple[in
 
 
 def _merge_results(new: dict) -> dict:
-    current = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
-    current.update(new)
-    RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-    return current
+    return merge_results(new)
 
 
 def _cell(column: str, value: object) -> str:
@@ -459,7 +457,7 @@ def _write_markdown(codec, alternatives, files, toy_files, toy, load, repeats) -
             "Not measured in this run: the target was not built.",
             "",
         ]
-    RESULTS_MD.write_text("\n".join(lines))
+    write_section("bench/storage.py", "\n".join(lines))
 
 
 if __name__ == "__main__":
