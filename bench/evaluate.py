@@ -36,10 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_file import merge_results, write_section  # bench/ is sys.path[0]
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_JSON = ROOT / "bench" / "results.json"
-RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-BEGIN, END = "<!-- bench/evaluate.py: begin -->", "<!-- bench/evaluate.py: end -->"
 HELDOUT = 0.1
 
 
@@ -147,14 +146,11 @@ def main() -> None:
         },
         "eval_budget": budget,
     }
-    results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
-    results.update(figures)
-    RESULTS_JSON.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
+    merge_results(figures)
     table = md[md.index("| draft |") :].split("\n\n")[0]
     positions = md[md.index("### Conditional acceptance") :].split("\n\n")[1]
     section = "\n".join(
         [
-            BEGIN,
             "## Acceptance length (bench/evaluate.py, keys P6, P4)",
             "",
             f"Trained toy target, exact offline walk at T=0 on held-out samples of the bf16 "
@@ -173,15 +169,9 @@ def main() -> None:
             f"* **P4 = DSpark on fp8 shards / on bf16 shards = {p4:.3f}** (goal >= 0.99)",
             "",
             "\"untrained\" keeps the target's frozen embeddings and lm_head (only the draft layers are random), and a trained target's lm_head(embed(x)) already predicts the next token like a bigram model: hence its first-position acceptance above zero.",
-            END,
         ]
     )
-    text = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    RESULTS_MD.write_text(text)
+    write_section("bench/evaluate.py", section)
     print(json.dumps(figures, indent=2))
 
 

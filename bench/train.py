@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_file import merge_results, write_section  # bench/ is sys.path[0]
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_JSON = ROOT / "bench" / "results.json"
-RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-BEGIN, END = "<!-- bench/train.py: begin -->", "<!-- bench/train.py: end -->"
 
 
 def main() -> None:
@@ -102,12 +101,9 @@ def main() -> None:
         "P5_trainer_tokens_per_s": round(tokens, 1),
         "P5_bench_load_average": round(load, 2),
     }
-    results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
-    results.update(figures)
-    RESULTS_JSON.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
+    merge_results(figures)
     section = "\n".join(
         [
-            BEGIN,
             "## Training throughput (bench/train.py, key P5)",
             "",
             f"Trained toy target reference shards ({args.conversations} conversations, bf16), toy DSpark "
@@ -121,15 +117,9 @@ def main() -> None:
             f"| trainer data path (plan, decode, anchors, packing) | {pipeline_rate:.1f} |",
             f"| trainer (forward, loss, backward, AdamW) | {trainer:.2f} ({tokens:.0f} tokens/s) |",
             f"| **P5 = reader / trainer** | **{reader / trainer:.1f}** (goal >= 10) |",
-            END,
         ]
     )
-    text = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    RESULTS_MD.write_text(text)
+    write_section("bench/train.py", section)
     print(json.dumps(figures, indent=2))
 
 
