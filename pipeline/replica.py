@@ -46,9 +46,16 @@ def init_ray(config: RayConfig) -> None:
 
     if ray.is_initialized():
         return
+    import os
+
     kwargs: dict[str, Any] = {"log_to_driver": True, "logging_level": logging.WARNING}
     if config.address:
         kwargs["address"] = config.address
+    elif os.environ.get("RAY_ADDRESS"):
+        # Under `ray job submit` the driver joins the job's cluster (RAY_ADDRESS);
+        # a local-cluster size would be an error there, so it is ignored.
+        if config.num_cpus:
+            log.info("ray.num_cpus is ignored: joining the cluster at RAY_ADDRESS")
     elif config.num_cpus:
         kwargs["num_cpus"] = config.num_cpus
     if config.runtime_env:
