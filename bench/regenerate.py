@@ -45,11 +45,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from results_file import merge_results, write_section  # bench/ is sys.path[0]
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-MD_MARK = "<!-- bench/regenerate.py{tag}: {edge} -->"
 MAX_MODEL_LEN = 1024
 CORPUS_SEED = 21
 
@@ -376,16 +377,8 @@ def summarise_profile(path: Path, name: str, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-def merge_results(new: dict) -> None:
-    current = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
-    current.update(new)
-    RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-
-
 def write_markdown(results: dict, args, load: float, mode: str, tag: str, profile: str) -> None:
-    begin, end = (MD_MARK.format(tag=tag, edge=e) for e in ("begin", "end"))
     lines = [
-        begin,
         f"# Regeneration benchmark (bench/regenerate.py{tag})",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other jobs, "
@@ -419,16 +412,7 @@ def write_markdown(results: dict, args, load: float, mode: str, tag: str, profil
             profile,
             "```",
         ]
-    lines += [end]
-    section = "\n".join(lines) + "\n"
-    text = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
-    if begin in text and end in text:
-        head, _, rest = text.partition(begin)
-        _, _, tail = rest.partition(end)
-        text = head + section.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS_MD.write_text(text)
+    write_section(f"bench/regenerate.py{tag}", "\n".join(lines))
 
 
 def main() -> None:
