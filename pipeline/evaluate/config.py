@@ -91,10 +91,11 @@ class CalibrationConfig(_Model):
 class VllmCheckConfig(_Model):
     """Serve a draft with vLLM and compare its acceptance counters to the offline tau (T=0)."""
 
-    # Name of a draft in `drafts` (its DFlash export is served: vLLM's CPU build runs
-    # dflash; a DSpark draft is served through its backbone export `<export>-dflash`).
+    # Name of a draft in `drafts`. vLLM's CPU build runs dflash and eagle3: a DSpark
+    # draft is served through its backbone export `<export>-dflash`.
     draft: str
-    method: Literal["dflash", "dspark", "eagle3"] = "dflash"
+    # None: eagle3 for an EAGLE-3 draft, else dflash.
+    method: Literal["dflash", "dspark", "eagle3"] | None = None
     num_prompts: int = Field(8, gt=0)
     max_tokens: int = Field(160, gt=0)
     # |tau_vllm - tau_offline| / tau_offline must not exceed this.

@@ -5,7 +5,8 @@ A draft loads from a training run directory (`<out_dir>`, whose
 `state.pt`), or a speculators-format export (`config.json` +
 `model.safetensors`, what vLLM serves). `untrained=True` keeps the
 architecture and draws fresh weights (seeded): the floor every trained draft
-must beat.
+must beat. EAGLE-3 drafts load the same ways and draft through
+`pipeline/evaluate/eagle3_drafting.py`; `make_drafter` picks the drafter.
 
 Drafting is left to right, as DSpark samples: slot k's logits are the
 backbone's plus the Markov bias `W2(W1[prev])`, where `prev` is the token the
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.shards.reader import TrainingSample
+    from pipeline.train.eagle3 import Eagle3Draft
     from pipeline.train.model import DraftModel, DraftSpec
 
 
@@ -50,10 +52,21 @@ class Drafter(Protocol):
         """Greedy (T=0) blocks at `anchors` from the sample's cached target features."""
         ...
 
+    def propose(
+        self,
+        ids: torch.Tensor,  # (T,) int64 committed tokens; the last one is the anchor
+        features: torch.Tensor,  # (T, k*H) target features (the anchor's row unused)
+        *,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> DraftBlocks:
+        """One block drafted at the last position (the live loop); `probs` set when T > 0."""
+        ...
+
 
 @dataclass
 class LoadedDraft:
-    model: DraftModel
+    model: DraftModel | Eagle3Draft
     spec: DraftSpec
     source: Path  # what it was loaded from
     export_dir: Path | None  # where calibration is stored beside the served draft
@@ -78,17 +91,20 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
 
     try:
         layer = config["transformer_layer_config"]
-        kind = config.get("dspark_targets", {}).get(
-            "trained_kind", config["speculators_model_type"]
-        )
         served = config["speculators_model_type"]
+        kind = config.get("dspark_targets", {}).get("trained_kind", served)
         rope = layer.get("rope_parameters") or {}
+        eagle3 = served == "eagle3"
+        if eagle3:
+            steps = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         return DraftSpec(
-            kind=kind if served == "dspark" else "dflash",
+            kind="eagle3" if eagle3 else kind if served == "dspark" else "dflash",
             vocab_size=layer["vocab_size"],
             hidden_size=layer["hidden_size"],
             target_hidden_size=config["target_hidden_size"],
-            aux_layer_ids=tuple(config["aux_hidden_state_layer_ids"]),
+            aux_layer_ids=tuple(
+                config["eagle_aux_hidden_state_layer_ids" if eagle3 else "aux_hidden_state_layer_ids"]
+            ),
             num_layers=layer["num_hidden_layers"],
             num_heads=layer["num_attention_heads"],
             num_kv_heads=layer["num_key_value_heads"],
@@ -97,15 +113,15 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
             rms_norm_eps=layer["rms_norm_eps"],
             rope_theta=float(rope.get("rope_theta", layer.get("rope_theta", 1e6))),
             max_position_embeddings=layer["max_position_embeddings"],
-            block_size=config["block_size"],
-            mask_token_id=config["mask_token_id"],
-            sample_from_anchor=bool(config.get("sample_from_anchor", False)),
+            block_size=steps if eagle3 else config["block_size"],
+            mask_token_id=0 if eagle3 else config["mask_token_id"],  # EAGLE-3 embeds no mask
+            sample_from_anchor=eagle3 or bool(config.get("sample_from_anchor", False)),
             markov_rank=config.get("markov_rank", 0) if served == "dspark" else 0,
             confidence_head=bool(config.get("enable_confidence_head", False))
             and served == "dspark",
             confidence_with_markov=bool(config.get("confidence_head_with_markov", True)),
         )
-    except KeyError as err:
+    except (KeyError, IndexError) as err:
         raise ValueError(
             f"{where}: speculators config lacks {err.args[0]!r}; is this a dspark-targets export?"
         ) from None
@@ -118,7 +134,8 @@ def load_draft(
     import torch
     import yaml
 
-    from pipeline.train.model import DraftModel, DraftSpec, load_target_head
+    from pipeline.train.eagle3 import build_draft
+    from pipeline.train.model import DraftSpec, load_target_head
 
     path = Path(path)
     embed, head = load_target_head(target_dir)
@@ -130,7 +147,7 @@ def load_draft(
         train_config = yaml.safe_load((ckpt / "config.yaml").read_text())
         state = None
         if not untrained:
-            state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)["model"]
+            state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)["model"]
         run_dir = ckpt.parent.parent
         export = (train_config.get("export") or {}).get("dir")
         candidate = Path(export) if export else run_dir / "export"
@@ -148,18 +165,15 @@ def load_draft(
             f"{path}: not a training run (checkpoints/latest), a checkpoint (spec.json + "
             "state.pt) or a speculators export (config.json + model.safetensors)"
         )
-    if spec.kind not in ("dspark", "dflash"):
-        raise ValueError(
-            f"{path}: a {spec.kind!r} draft; the offline evaluator drafts DSpark/DFlash blocks "
-            "only (EAGLE-3 drafts autoregressively from its own hidden states: not built yet)"
-        )
+    if spec.kind not in ("dspark", "dflash", "eagle3"):
+        raise ValueError(f"{path}: unknown draft kind {spec.kind!r}")
     if embed.shape[0] != spec.vocab_size or embed.shape[1] != spec.hidden_size:
         raise ValueError(
             f"{path}: draft expects vocab {spec.vocab_size} x hidden {spec.hidden_size}, "
             f"target {target_dir} has embeddings {tuple(embed.shape)}"
         )
     torch.manual_seed(seed)
-    model = DraftModel(spec, embed, head)
+    model = build_draft(spec, embed, head)
     if state is not None:
         missing, unexpected = model.load_state_dict(
             {k: v.float() for k, v in state.items()}, strict=False
@@ -272,17 +286,51 @@ class ModelDrafter:
     def has_confidence(self) -> bool:
         return self.use_heads and self.model.confidence_head is not None
 
-    def draft(self, sample: TrainingSample, anchors: torch.Tensor) -> DraftBlocks:
+    def _blocks(
+        self,
+        ids: torch.Tensor,
+        features: torch.Tensor,
+        anchors: torch.Tensor,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> DraftBlocks:
         import torch
 
         with torch.no_grad():
-            base, hidden = run_blocks(self.model, sample.input_ids, sample.hidden_states, anchors)
+            base, hidden = run_blocks(self.model, ids, features, anchors)
             blocks = sample_slots(
                 base_logits=base,
                 hidden=hidden,
-                first_prev=sample.input_ids[anchors],
+                first_prev=ids[anchors],
                 model=self.model,
                 use_heads=self.use_heads,
+                temperature=temperature,
+                generator=generator,
             )
         blocks.anchors = anchors
         return blocks
+
+    def draft(self, sample: TrainingSample, anchors: torch.Tensor) -> DraftBlocks:
+        return self._blocks(sample.input_ids, sample.hidden_states, anchors)
+
+    def propose(
+        self,
+        ids: torch.Tensor,
+        features: torch.Tensor,
+        *,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> DraftBlocks:
+        import torch
+
+        anchor = torch.tensor([ids.shape[0] - 1])
+        return self._blocks(ids, features, anchor, temperature, generator)
+
+
+def make_drafter(name: str, draft: LoadedDraft, *, use_heads: bool = True) -> Drafter:
+    """The drafter for a loaded draft: EAGLE-3's step loop, or DSpark/DFlash blocks."""
+    if draft.spec.kind == "eagle3":
+        from pipeline.evaluate.eagle3_drafting import Eagle3Drafter
+
+        return Eagle3Drafter(name, draft.model)
+    return ModelDrafter(name, draft.model, use_heads=use_heads)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.evaluate.drafting import ModelDrafter
+    from pipeline.evaluate.drafting import Drafter
     from pipeline.shards.reader import TrainingSample
 
 
@@ -138,7 +138,7 @@ def compare_with_vllm(
     *,
     target_dir: str,
     draft_dir: Path,
-    drafter: ModelDrafter,
+    drafter: Drafter,
     prompts: list[list[int]],
     method: str = "dflash",
     max_tokens: int = 160,

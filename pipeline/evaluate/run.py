@@ -156,13 +156,12 @@ def live_report(
     generator = torch.Generator().manual_seed(seed)
     for s in samples:
         run = live_decode(
-            model=drafter.model,
+            drafter=drafter,
             verifier=verifier,
             prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             generator=generator,
-            use_heads=drafter.use_heads,
         )
         accepted.setdefault(s.domain, []).extend(run.accepted)
     taus = {d: tau(accepted=torch.tensor(v)) for d, v in sorted(accepted.items()) if v}
@@ -192,7 +191,7 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
         in_calibration_split,
         truncation_sweep,
     )
-    from pipeline.evaluate.drafting import ModelDrafter, load_draft
+    from pipeline.evaluate.drafting import Drafter, load_draft, make_drafter
     from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
     from pipeline.evaluate.report import write_report
     from pipeline.targets.toy import resolve_model
@@ -224,7 +223,7 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
         )
 
         drafts: dict[str, dict] = {}
-        drafters: dict[str, ModelDrafter] = {}
+        drafters: dict[str, Drafter] = {}
         for entry in config.drafts:
             if entry.name not in loaded:
                 drafts[entry.name] = {
@@ -233,7 +232,7 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
                 }
                 continue
             draft = loaded[entry.name]
-            drafter = ModelDrafter(entry.name, draft.model, use_heads=entry.use_heads)
+            drafter = make_drafter(entry.name, draft, use_heads=entry.use_heads)
             drafters[entry.name] = drafter
             n = drafter.num_draft_tokens
             fit_tables = build_tables(fit_samples, drafter)
@@ -324,16 +323,22 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
 
 def vllm_check(config: EvalConfig, loaded, drafters, samples, target_dir: Path):
     """The vLLM cross-check of `config.vllm.draft` (served through its DFlash export on CPU)."""
-    from pipeline.evaluate.drafting import ModelDrafter
+    from pipeline.evaluate.drafting import make_drafter
     from pipeline.evaluate.live_vllm import compare_with_vllm, served_draft_dir
 
     vc = config.vllm
     draft = loaded.get(vc.draft)
     if draft is None or draft.export_dir is None:
         raise ValueError(f"vllm.draft {vc.draft!r} has no export directory to serve")
-    served = served_draft_dir(draft.export_dir, vc.method)
+    eagle3 = draft.spec.kind == "eagle3"
+    method = vc.method or ("eagle3" if eagle3 else "dflash")
+    if eagle3 != (method == "eagle3"):
+        raise ValueError(
+            f"vllm.method {method!r} cannot serve the {draft.spec.kind} draft {vc.draft!r}"
+        )
+    served = served_draft_dir(draft.export_dir, method)
     # vLLM's dflash runs the backbone alone: evaluate the same weights offline without heads.
-    drafter = ModelDrafter(vc.draft, draft.model, use_heads=vc.method != "dflash")
+    drafter = make_drafter(vc.draft, draft, use_heads=method != "dflash")
     prompts = [
         s.input_ids[: s.num_prompt_tokens].tolist() for s in _prompts(samples, vc.num_prompts)
     ]
@@ -342,7 +347,7 @@ def vllm_check(config: EvalConfig, loaded, drafters, samples, target_dir: Path):
         draft_dir=served,
         drafter=drafter,
         prompts=prompts,
-        method=vc.method,
+        method=method,
         max_tokens=vc.max_tokens,
         tolerance=vc.tolerance,
         gpu_memory_utilization=vc.gpu_memory_utilization,

@@ -3,7 +3,7 @@
 Above temperature 0 the target's output is random, so the shards' greedy
 answers say nothing about which drafted tokens survive; the loop must run.
 Each round the draft samples n tokens left to right from q (its own
-previous sample feeds the Markov head), the target scores prompt + committed
+previous sample feeds the Markov head, or EAGLE-3's next step), the target scores prompt + committed
 tokens + drafted tokens in one forward pass, and drafted token k survives
 with probability min(1, p_k(d_k) / q_k(d_k)); at the first rejection the
 target's token comes from the residual norm(max(0, p_k - q_k)), and if all
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.train.model import DraftModel
+    from pipeline.evaluate.drafting import Drafter
 
 
 @dataclass
@@ -117,22 +117,19 @@ class LiveRun:
 
 def live_decode(
     *,
-    model: DraftModel,
+    drafter: Drafter,
     verifier: HFVerifier,
     prompt: list[int],
     max_new_tokens: int,
     temperature: float,
     generator: torch.Generator,
-    use_heads: bool = True,
     feature_dtype: str = "bfloat16",
 ) -> LiveRun:
     """Speculative decoding of one prompt (see the module docstring)."""
     import torch
 
-    from pipeline.evaluate.drafting import run_blocks, sample_slots
-
     fdt = getattr(torch, feature_dtype)
-    n = model.spec.num_draft_tokens
+    n = drafter.num_draft_tokens
     logits, feats = verifier.forward(prompt)
     first = torch.multinomial(_probs(logits[-1:], temperature), 1, generator=generator)
     seq = list(prompt) + [int(first)]
@@ -140,19 +137,10 @@ def live_decode(
     output, accepted_log = [int(first)], []
     while output[-1] not in verifier.eos_ids and len(output) < max_new_tokens:
         a = len(seq) - 1
-        ids = torch.tensor(seq)
         ctx = torch.cat([features, features.new_zeros(1, features.shape[1])])
-        with torch.no_grad():
-            base, hidden = run_blocks(model, ids, ctx, torch.tensor([a]))
-            blocks = sample_slots(
-                base_logits=base,
-                hidden=hidden,
-                first_prev=ids[a : a + 1],
-                model=model,
-                use_heads=use_heads,
-                temperature=temperature,
-                generator=generator,
-            )
+        blocks = drafter.propose(
+            torch.tensor(seq), ctx, temperature=temperature, generator=generator
+        )
         drafted = blocks.tokens[0].tolist()
         logits, feats = verifier.forward(seq + drafted)
         p = _probs(logits[a : a + n + 1], temperature)[None]  # (1, n+1, V)

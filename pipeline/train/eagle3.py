@@ -178,9 +178,28 @@ class Eagle3Draft(nn.Module):
         return last_hidden.to(self.lm_head.dtype) @ self.lm_head.T
 
     def forward(self, inputs: DraftInputs) -> DraftOutput:
+        """Teacher-forced unroll (training): step s reads `prev_ids[..., s]` = x_{a+s}."""
+        normed, logits, _ = self.unroll(inputs)
+        return DraftOutput(logits=logits, base_logits=logits, hidden=normed, confidence_logit=None)
+
+    def unroll(
+        self,
+        inputs: DraftInputs,
+        *,
+        free_running: bool = False,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(normed (R,Nb,K,d), logits (R,Nb,K,V), tokens (R,Nb,K)) of the K-step loop.
+
+        Teacher-forced by default. `free_running=True` is what vLLM serves:
+        step 0 reads the anchor (`prev_ids[..., 0]`), step s >= 1 the token
+        the draft itself chose at step s-1 (argmax at temperature 0, else a
+        sample from softmax(logits / T)). `tokens` are the tokens chosen at
+        each step (argmax when teacher-forced)."""
         if inputs.ctx_ids is None:
             raise ValueError("EAGLE-3 needs DraftInputs.ctx_ids (the context tokens)")
-        r, nb, steps = inputs.block_ids.shape
+        steps = inputs.block_ids.shape[2]
         layer, attn = self.layers[0], self.layers[0].self_attn
         dtype = self.fc.weight.dtype
         fused = self.fc(inputs.ctx_features.to(dtype))  # (R, Tc, d)
@@ -193,9 +212,11 @@ class Eagle3Draft(nn.Module):
         hidden = fused.gather(1, root[..., None].expand(-1, -1, fused.shape[-1]))  # (R, Nb, d)
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
-        outs = []
+        normed, logits, chosen = [], [], []
+        tokens = inputs.prev_ids[:, :, 0]  # (R, Nb) the anchor x_a
         for s in range(steps):
-            tokens = inputs.prev_ids[:, :, s]  # (R, Nb) token a+s, teacher-forced
+            if s and not free_running:
+                tokens = inputs.prev_ids[:, :, s]  # token a+s, teacher-forced
             x = layer.layer_input(F.embedding(tokens, self.embed_tokens).to(dtype), hidden)
             positions = inputs.block_anchor - 1 + s  # (R, Nb) = p + s
             q = attn.query(x, positions)  # (R, h, Nb, hd)
@@ -206,10 +227,16 @@ class Eagle3Draft(nn.Module):
                 q, k_ctx, v_ctx, ctx_mask, torch.stack(keys, dim=3), torch.stack(values, dim=3)
             )
             hidden = layer.finish(hidden, out)  # (R, Nb, d) pre-norm, fed to step s+1
-            outs.append(hidden)
-        normed = self.norm(torch.stack(outs, dim=2))  # (R, Nb, K, d)
-        logits = normed @ self.lm_head.T.to(normed.dtype)  # (R, Nb, K, V)
-        return DraftOutput(logits=logits, base_logits=logits, hidden=normed, confidence_logit=None)
+            normed.append(self.norm(hidden))
+            logits.append(normed[-1] @ self.lm_head.T.to(normed[-1].dtype))  # (R, Nb, V)
+            if free_running and temperature > 0:
+                p = torch.softmax(logits[-1].float() / temperature, dim=-1)
+                tokens = torch.multinomial(p.flatten(0, 1), 1, generator=generator)
+                tokens = tokens.view(p.shape[:2])
+            else:
+                tokens = logits[-1].argmax(-1)
+            chosen.append(tokens)
+        return torch.stack(normed, 2), torch.stack(logits, 2), torch.stack(chosen, 2)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return dict(self.state_dict())

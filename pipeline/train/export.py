@@ -203,7 +203,7 @@ def export_checkpoint(
     train_config = yaml.safe_load((checkpoint / "config.yaml").read_text())
     target_dir = resolve_model(train_config["target"])
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
-    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)["model"]
+    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=True)["model"]
     verifier = verifier or str(Path(target_dir).resolve())
     draft = export_draft(
         state=state,

@@ -239,7 +239,7 @@ def run_worker(
     step, position = 0, DataPosition(0, 0)
     ckpt = latest_checkpoint(out_dir)
     if ckpt is not None:
-        state = torch.load(ckpt / "state.pt", map_location=device, weights_only=False)
+        state = torch.load(ckpt / "state.pt", map_location=device, weights_only=True)
         saved_spec = json.loads((ckpt / "spec.json").read_text())
         if saved_spec != json.loads(spec.to_json()):
             raise ValueError(

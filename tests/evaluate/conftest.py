@@ -48,3 +48,29 @@ def dspark_run(eval_shards, tmp_path_factory):
     result = train(config)
     assert result.dflash_dir is not None
     return out
+
+
+@pytest.fixture(scope="session")
+def eagle3_run(eval_shards, tmp_path_factory):
+    """An EAGLE-3 draft (one layer, 5 unrolled steps) on the same shards and held-out
+    split as `dspark_run`, 60 steps, exported (vLLM's CPU build serves eagle3)."""
+    from pipeline.train.config import parse_train_config
+    from pipeline.train.trainer import train
+
+    out = tmp_path_factory.mktemp("eagle3-run")
+    config = parse_train_config(
+        dict(
+            target="toy:trained",
+            data=dict(uri=str(eval_shards), num_anchors=64, heldout_fraction=0.25, prefetch=1),
+            out_dir=str(out),
+            num_steps=60,
+            global_batch_size=8,
+            draft=dict(kind="eagle3", num_layers=1, block_size=5),
+            optim=dict(lr=3e-3),
+            checkpoint_every=60,
+            log_every=1000,
+            num_threads=1,
+        )
+    )
+    train(config)
+    return out
