@@ -103,7 +103,9 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
             hidden_size=layer["hidden_size"],
             target_hidden_size=config["target_hidden_size"],
             aux_layer_ids=tuple(
-                config["eagle_aux_hidden_state_layer_ids" if eagle3 else "aux_hidden_state_layer_ids"]
+                config[
+                    "eagle_aux_hidden_state_layer_ids" if eagle3 else "aux_hidden_state_layer_ids"
+                ]
             ),
             num_layers=layer["num_hidden_layers"],
             num_heads=layer["num_attention_heads"],
@@ -270,8 +272,25 @@ def run_blocks(
     return out.base_logits[0, :, slots], out.hidden[0, :, slots]
 
 
+class LiveProposals:
+    """`propose` for drafters whose `_blocks(ids, features, anchors, ...)` drafts at anchors."""
+
+    def propose(
+        self,
+        ids: torch.Tensor,
+        features: torch.Tensor,
+        *,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> DraftBlocks:
+        import torch
+
+        anchor = torch.tensor([ids.shape[0] - 1])
+        return self._blocks(ids, features, anchor, temperature=temperature, generator=generator)
+
+
 @dataclass
-class ModelDrafter:
+class ModelDrafter(LiveProposals):
     """A DraftModel as a Drafter. `use_heads=False`: the backbone alone (DFlash path)."""
 
     name: str
@@ -291,6 +310,7 @@ class ModelDrafter:
         ids: torch.Tensor,
         features: torch.Tensor,
         anchors: torch.Tensor,
+        *,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
     ) -> DraftBlocks:
@@ -312,19 +332,6 @@ class ModelDrafter:
 
     def draft(self, sample: TrainingSample, anchors: torch.Tensor) -> DraftBlocks:
         return self._blocks(sample.input_ids, sample.hidden_states, anchors)
-
-    def propose(
-        self,
-        ids: torch.Tensor,
-        features: torch.Tensor,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-    ) -> DraftBlocks:
-        import torch
-
-        anchor = torch.tensor([ids.shape[0] - 1])
-        return self._blocks(ids, features, anchor, temperature, generator)
 
 
 def make_drafter(name: str, draft: LoadedDraft, *, use_heads: bool = True) -> Drafter:

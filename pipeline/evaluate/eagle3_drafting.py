@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.evaluate.drafting import DraftBlocks
+from pipeline.evaluate.drafting import DraftBlocks, LiveProposals
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ def eagle3_inputs(
 
 
 @dataclass
-class Eagle3Drafter:
+class Eagle3Drafter(LiveProposals):
     """An `Eagle3Draft` as a Drafter (no heads: nothing to calibrate)."""
 
     name: str
@@ -103,16 +103,3 @@ class Eagle3Drafter:
         return self._blocks(
             sample.input_ids, sample.hidden_states, anchors, teacher_forced=teacher_forced
         )
-
-    def propose(
-        self,
-        ids: torch.Tensor,
-        features: torch.Tensor,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-    ) -> DraftBlocks:
-        import torch
-
-        anchor = torch.tensor([ids.shape[0] - 1])
-        return self._blocks(ids, features, anchor, temperature=temperature, generator=generator)

@@ -361,6 +361,7 @@ def demo_report(
     *,
     dspark: str | Path,
     dflash: str | Path | None = None,
+    eagle3: str | Path | None = None,
     vllm: bool = False,
     live_prompts: int = 0,
     print_fn=print,
@@ -368,20 +369,19 @@ def demo_report(
     """The evaluation step of `make demo`: evaluate the demo's draft(s), print table + plot paths.
 
     `dspark`: the demo's training run directory (or an export). Rows: the
-    DSpark draft, its backbone alone (what vLLM's CPU build serves), a DFlash
-    draft if given, EAGLE-3 (not built: n/a) and an untrained copy.
+    DSpark draft, its backbone alone (what vLLM's CPU build serves), DFlash
+    and EAGLE-3 drafts where given (else n/a) and an untrained copy.
     """
     from pipeline.evaluate.config import parse_eval_config
 
+    baseline = "not trained in this run (bench/evaluate.py trains every draft)"
     drafts: list[dict] = [
         {"name": "DSpark", "path": str(dspark)},
         {"name": "DSpark backbone", "path": str(dspark), "use_heads": False},
-        {
-            "name": "DFlash",
-            "path": str(dflash) if dflash else None,
-            "note": "not trained in this run",
-        },
-        {"name": "EAGLE-3", "note": "no EAGLE-3 trainer in this project yet"},
+        {"name": "DFlash", "path": str(dflash)} if dflash else {"name": "DFlash", "note": baseline},
+        {"name": "EAGLE-3", "path": str(eagle3)}
+        if eagle3
+        else {"name": "EAGLE-3", "note": baseline},
         {"name": "untrained", "path": str(dspark), "untrained": True},
     ]
     data: dict[str, Any] = {

@@ -207,5 +207,3 @@ class ShardReader:
             return next(self._read_shard(entry, sample_id=sample_id))
         finally:
             self.domains = domains
-
-

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from draft_specs import random_sample, tiny_spec
 
 from pipeline.evaluate.drafting import ModelDrafter, drafting_slots
 from pipeline.shards.reader import TrainingSample
@@ -20,26 +21,16 @@ V, H = 40, 16
 
 
 def _spec(sample_from_anchor: bool) -> DraftSpec:
-    return DraftSpec(
-        kind="dspark",
+    return tiny_spec(
         vocab_size=V,
         hidden_size=H,
         target_hidden_size=H,
-        aux_layer_ids=(1, 2),
-        num_layers=2,
         num_heads=2,
         num_kv_heads=1,
-        head_dim=8,
         intermediate_size=24,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
         max_position_embeddings=256,
-        block_size=4,
-        mask_token_id=3,
         sample_from_anchor=sample_from_anchor,
         markov_rank=6,
-        confidence_head=True,
-        confidence_with_markov=True,
     )
 
 
@@ -53,19 +44,7 @@ def _model(spec: DraftSpec) -> DraftModel:
 
 
 def _sample(t: int = 20, prompt: int = 6) -> TrainingSample:
-    g = torch.Generator().manual_seed(1)
-    return TrainingSample(
-        "s",
-        "x",
-        "d",
-        torch.randint(4, V, (t,), generator=g),
-        torch.tensor([0] * prompt + [1] * (t - prompt), dtype=torch.bool),
-        torch.randn(t, 2 * H, generator=g),
-        torch.randn(t, H, generator=g),
-        "stop",
-        prompt,
-        t - prompt,
-    )
+    return random_sample(vocab=V, hidden=H, t=t, prompt=prompt)
 
 
 def _brute_force(model: DraftModel, sample: TrainingSample, a: int):

@@ -8,61 +8,42 @@ import dataclasses
 
 import pytest
 import torch
+from draft_specs import random_sample, tiny_spec
 
 from pipeline.evaluate.eagle3_drafting import Eagle3Drafter, eagle3_inputs
 from pipeline.evaluate.offline import accepted_lengths, anchor_table
 from pipeline.shards.reader import TrainingSample
 from pipeline.train.eagle3 import Eagle3Draft
-from pipeline.train.model import DraftSpec
 
 V, H, K = 40, 16, 4
 
 
 def _model() -> Eagle3Draft:
-    spec = DraftSpec(
+    spec = tiny_spec(
         kind="eagle3",
         vocab_size=V,
         hidden_size=H,
         target_hidden_size=H,
-        aux_layer_ids=(1, 2),
         num_layers=1,
         num_heads=2,
         num_kv_heads=1,
-        head_dim=8,
         intermediate_size=24,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
         block_size=K,
         mask_token_id=0,
-        sample_from_anchor=True,
         markov_rank=0,
         confidence_head=False,
-        confidence_with_markov=False,
     )
     torch.manual_seed(0)
     model = Eagle3Draft(spec, torch.randn(V, H), torch.randn(V, H))
     with torch.no_grad():  # weights large enough that the chain depends on its inputs
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.4)
     return model.eval()
 
 
-def _sample(t: int = 24, prompt: int = 6, seed: int = 1) -> TrainingSample:
-    g = torch.Generator().manual_seed(seed)
-    return TrainingSample(
-        "s",
-        "x",
-        "d",
-        torch.randint(4, V, (t,), generator=g),
-        torch.tensor([0] * prompt + [1] * (t - prompt), dtype=torch.bool),
-        torch.randn(t, 2 * H, generator=g),
-        torch.randn(t, H, generator=g),
-        "stop",
-        prompt,
-        t - prompt,
-    )
+def _sample(t: int = 24, prompt: int = 6) -> TrainingSample:
+    return random_sample(vocab=V, hidden=H, t=t, prompt=prompt)
 
 
 def _round_by_round(model: Eagle3Draft, sample: TrainingSample, a: int) -> list[int]:

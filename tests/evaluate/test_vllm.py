@@ -51,7 +51,7 @@ def test_eagle3_offline_tau_matches_vllm_counters(eagle3_run, tmp_path):
     v = run_evaluation(config).report["vllm"]
     print(v)
     assert v["method"] == "eagle3" and v["draft_dir"].endswith("export")
-    assert v["vllm_num_drafts"] > 50 and v["vllm_tau"] > 1.0
+    assert v["vllm_num_drafts"] > 20 and v["generated_tokens"] > 100 and v["vllm_tau"] > 1.0
     assert v["relative_gap"] <= 0.03 and v["within_tolerance"]
     for a, b in zip(v["vllm_position_rate"], v["offline_position_rate"], strict=True):
         assert abs(a - b) <= 0.05

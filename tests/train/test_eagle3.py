@@ -14,6 +14,7 @@ from pipeline.train.config import parse_train_config
 from pipeline.train.eagle3 import Eagle3Draft, ttt_attention_mask
 from pipeline.train.loss import draft_loss, ttt_step_weights
 from pipeline.train.model import DraftInputs
+
 from .conftest import SERVE_MAX_TOKENS, tiny_spec
 
 STEPS = 4

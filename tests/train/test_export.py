@@ -18,6 +18,7 @@ from safetensors import safe_open
 from pipeline.train.config import parse_train_config
 from pipeline.train.export import export_checkpoint
 from pipeline.train.trainer import latest_checkpoint, train
+
 from .conftest import SERVE_MAX_TOKENS, toy_prompts
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.train.model import DraftInputs, DraftModel, block_attention_mask, rope
+
 from .conftest import tiny_spec
 
 

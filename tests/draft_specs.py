@@ -1,0 +1,53 @@
+"""A tiny draft architecture and random samples for unit tests (CPU, milliseconds)."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.shards.reader import TrainingSample
+from pipeline.train.model import DraftSpec
+
+
+def tiny_spec(**overrides) -> DraftSpec:
+    base = dict(
+        kind="dspark",
+        vocab_size=50,
+        hidden_size=32,
+        target_hidden_size=32,
+        aux_layer_ids=(1, 2),
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        block_size=4,
+        mask_token_id=3,
+        sample_from_anchor=True,
+        markov_rank=8,
+        confidence_head=True,
+        confidence_with_markov=True,
+    )
+    base.update(overrides)
+    return DraftSpec(**base)
+
+
+def random_sample(
+    *, vocab: int, hidden: int, t: int, prompt: int, seed: int = 1, num_aux: int = 2
+) -> TrainingSample:
+    """A sample of random tokens (ids >= 4) and features: `num_aux` captured layers."""
+    g = torch.Generator().manual_seed(seed)
+    return TrainingSample(
+        "s",
+        "x",
+        "d",
+        torch.randint(4, vocab, (t,), generator=g),
+        torch.tensor([0] * prompt + [1] * (t - prompt), dtype=torch.bool),
+        torch.randn(t, num_aux * hidden, generator=g),
+        torch.randn(t, hidden, generator=g),
+        "stop",
+        prompt,
+        t - prompt,
+    )
