@@ -66,6 +66,8 @@ class LiveConfig(_Model):
     # Prompts (first turns of held-out samples, round-robin over domains).
     num_prompts: int = Field(12, gt=0)
     max_new_tokens: int = Field(128, gt=0)
+    # Decodes per prompt (fresh random draws each): more rounds, a tighter interval.
+    samples_per_prompt: int = Field(1, gt=0)
 
     @model_validator(mode="after")
     def _positive(self) -> LiveConfig:

@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
+
 if TYPE_CHECKING:
     import torch
 
@@ -126,9 +128,12 @@ class AcceptanceReport:
     position_counts: list[int]  # (n,) rounds that reached each position
     num_rounds: int
     num_samples: int
+    per_sample: PerSample | None = None  # accepted and rounds of each sample (bootstrap input)
+    tau_macro_ci95: tuple[float, float] | None = None  # stratified bootstrap over samples
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        ci = self.tau_macro_ci95
         return {
             "num_draft_tokens": self.num_draft_tokens,
             "tau": _r(self.tau),
@@ -140,7 +145,9 @@ class AcceptanceReport:
             "position_counts": self.position_counts,
             "num_rounds": self.num_rounds,
             "num_samples": self.num_samples,
+            "tau_macro_ci95": [_r(ci[0]), _r(ci[1])] if ci else None,
             **self.extra,
+            "per_sample": self.per_sample.to_dict() if self.per_sample else None,
         }
 
 
@@ -148,8 +155,13 @@ def _r(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 4)
 
 
-def summarize_rounds(*, rounds: Rounds, num_samples: int) -> AcceptanceReport:
-    """Pool a walk's rounds per domain and over all of them."""
+def summarize_rounds(
+    *, rounds: Rounds, num_samples: int, sample_ids: list[str] | None = None
+) -> AcceptanceReport:
+    """Pool a walk's rounds per domain and over all of them.
+
+    With `sample_ids` (the id of each walked table, by index) the report also
+    carries per-sample sums and a bootstrap interval of the macro tau."""
     import torch
 
     by_domain: dict[str, list[int]] = {}
@@ -161,6 +173,10 @@ def summarize_rounds(*, rounds: Rounds, num_samples: int) -> AcceptanceReport:
     rates, counts = position_acceptance(
         accepted=rounds.accepted, valid=rounds.valid, draft_len=rounds.draft_len
     )
+    per_sample = ci = None
+    if sample_ids is not None:
+        per_sample = per_sample_sums(rounds=rounds, sample_ids=sample_ids)
+        ci = macro_tau_interval(per_sample)
     return AcceptanceReport(
         num_draft_tokens=rounds.num_draft_tokens,
         tau=tau(accepted=rounds.accepted),
@@ -172,6 +188,29 @@ def summarize_rounds(*, rounds: Rounds, num_samples: int) -> AcceptanceReport:
         position_counts=counts,
         num_rounds=rounds.num_rounds,
         num_samples=num_samples,
+        per_sample=per_sample,
+        tau_macro_ci95=ci,
+    )
+
+
+def per_sample_sums(*, rounds: Rounds, sample_ids: list[str]) -> PerSample:
+    """Accepted tokens and rounds of every sample that had a round."""
+    import torch
+
+    n = len(sample_ids)
+    acc = torch.zeros(n, dtype=torch.long).index_add_(0, rounds.sample, rounds.accepted)
+    num = torch.zeros(n, dtype=torch.long).index_add_(
+        0, rounds.sample, torch.ones_like(rounds.sample)
+    )
+    domain = [""] * n
+    for i, d in zip(rounds.sample.tolist(), rounds.domain, strict=True):
+        domain[i] = d
+    keep = [i for i in range(n) if int(num[i])]
+    return PerSample(
+        [sample_ids[i] for i in keep],
+        [domain[i] for i in keep],
+        [int(acc[i]) for i in keep],
+        [int(num[i]) for i in keep],
     )
 
 
@@ -185,6 +224,7 @@ class AnchorTable:
     accepted: torch.Tensor  # (T,) int64 accepted drafts with anchor a (0 outside the answer)
     valid: torch.Tensor  # (T, n) bool drafted position inside the trajectory
     confidence_logit: torch.Tensor | None  # (T, n)
+    sample_id: str = ""
 
 
 def anchor_table(sample: TrainingSample, drafter: Drafter) -> AnchorTable | None:
@@ -210,7 +250,7 @@ def anchor_table(sample: TrainingSample, drafter: Drafter) -> AnchorTable | None
     if blocks.confidence_logit is not None:
         conf = torch.zeros(t, n)
         conf[anchors] = blocks.confidence_logit.float()
-    return AnchorTable(sample.domain, start, t, accepted, valid_full, conf)
+    return AnchorTable(sample.domain, start, t, accepted, valid_full, conf, sample.sample_id)
 
 
 def build_tables(samples: Iterable[TrainingSample], drafter: Drafter) -> list[AnchorTable]:
@@ -269,4 +309,5 @@ def evaluate_offline(
     """T=0 acceptance of `drafter` on these samples' greedy trajectories (+ the tables)."""
     tables = build_tables(samples, drafter)
     rounds = walk_tables(tables, num_draft_tokens=drafter.num_draft_tokens)
-    return summarize_rounds(rounds=rounds, num_samples=len(tables)), tables
+    ids = [tab.sample_id for tab in tables]
+    return summarize_rounds(rounds=rounds, num_samples=len(tables), sample_ids=ids), tables

@@ -20,6 +20,12 @@ def _fmt(value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def _ci(interval) -> str:
+    if not interval or interval[0] is None:
+        return "n/a"
+    return f"{interval[0]:.2f}-{interval[1]:.2f}"
+
+
 def write_json(report: dict, path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
@@ -37,7 +43,7 @@ def domains_of(report: dict) -> list[str]:
 def tau_table(report: dict) -> str:
     """Markdown: one row per draft, tau per domain, macro and pooled (T=0, offline, exact)."""
     domains = domains_of(report)
-    head = ["draft", *domains, "**macro**", "pooled", "full rounds", "rounds"]
+    head = ["draft", *domains, "**macro**", "macro 95% CI", "pooled", "full rounds", "rounds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, entry in report["drafts"].items():
         off = entry.get("offline_t0")
@@ -52,6 +58,7 @@ def tau_table(report: dict) -> str:
                 [
                     *cells,
                     f"**{_fmt(off['tau_macro'])}**",
+                    _ci(off.get("tau_macro_ci95")),
                     _fmt(off["tau"]),
                     _fmt(off["tau_full_rounds"]),
                 ]
@@ -68,7 +75,8 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
         "",
         f"{data['num_samples']} held-out samples of {data['uri']} (version {data['version']}, "
         f"held-out fraction {data['heldout_fraction']}). tau = 1 + accepted drafted tokens per "
-        "verification round, pooled over rounds; macro = mean over domains.",
+        "verification round, pooled over rounds; macro = mean over domains; intervals: "
+        "stratified bootstrap over samples (pipeline/evaluate/uncertainty.py).",
         "",
         "## Temperature 0 (exact, offline walk of the target's greedy trajectory)",
         "",
@@ -122,14 +130,15 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
     if live:
         out += ["", "## Temperature > 0 (live loop, rejection sampling, HF reference target)", ""]
         out += [
-            "| draft | temperature | tau | macro | rounds | prompts |",
-            "|---|---|---|---|---|---|",
+            "| draft | temperature | tau | macro | macro 95% CI | rounds | prompts x runs |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name, runs in live.items():
             for temp, r in runs.items():
                 out.append(
                     f"| {name} | {temp} | {_fmt(r['tau'])} | {_fmt(r['tau_macro'])} | "
-                    f"{r['num_rounds']} | {r['num_samples']} |"
+                    f"{_ci(r.get('tau_macro_ci95'))} | {r['num_rounds']} | "
+                    f"{r['num_samples']} x {r.get('samples_per_prompt', 1)} |"
                 )
     if report.get("vllm"):
         v = report["vllm"]

@@ -144,26 +144,44 @@ def _prompts(samples, num: int) -> list:
 
 
 def live_report(
-    *, drafter, verifier, samples, temperature: float, max_new_tokens: int, seed: int
+    *,
+    drafter,
+    verifier,
+    samples,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    samples_per_prompt: int = 1,
 ) -> dict:
-    """tau of the live loop per domain at `temperature` over the prompts of `samples`."""
+    """tau of the live loop per domain at `temperature` over the prompts of `samples`.
+
+    Each prompt is decoded `samples_per_prompt` times (fresh draws; run `r` of
+    sample `s` is recorded as `s#r`), so the bootstrap pairs the same runs
+    across drafts."""
     import torch
 
     from pipeline.evaluate.offline import AcceptanceReport, tau
     from pipeline.evaluate.sampling import live_decode
+    from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
 
     accepted: dict[str, list[int]] = {}
+    runs = PerSample([], [], [], [])
     generator = torch.Generator().manual_seed(seed)
     for s in samples:
-        run = live_decode(
-            drafter=drafter,
-            verifier=verifier,
-            prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generator=generator,
-        )
-        accepted.setdefault(s.domain, []).extend(run.accepted)
+        for r in range(samples_per_prompt):
+            run = live_decode(
+                drafter=drafter,
+                verifier=verifier,
+                prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                generator=generator,
+            )
+            accepted.setdefault(s.domain, []).extend(run.accepted)
+            runs.ids.append(f"{s.sample_id}#{r}")
+            runs.domain.append(s.domain)
+            runs.accepted.append(sum(run.accepted))
+            runs.rounds.append(len(run.accepted))
     taus = {d: tau(accepted=torch.tensor(v)) for d, v in sorted(accepted.items()) if v}
     every = torch.tensor([a for v in accepted.values() for a in v])
     return AcceptanceReport(
@@ -177,6 +195,9 @@ def live_report(
         position_counts=[],
         num_rounds=int(every.numel()),
         num_samples=len(samples),
+        per_sample=runs,
+        tau_macro_ci95=macro_tau_interval(runs),
+        extra={"samples_per_prompt": samples_per_prompt},
     ).to_dict()
 
 
@@ -247,7 +268,9 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
                 "block_size": draft.spec.block_size,
                 "sample_from_anchor": draft.spec.sample_from_anchor,
                 "offline_t0": summarize_rounds(
-                    rounds=rounds, num_samples=len(fit_tables) + len(eval_tables)
+                    rounds=rounds,
+                    num_samples=len(fit_tables) + len(eval_tables),
+                    sample_ids=[t.sample_id for t in fit_tables + eval_tables],
                 ).to_dict(),
             }
             if entry.note:
@@ -302,6 +325,7 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
                         temperature=temp,
                         max_new_tokens=config.live.max_new_tokens,
                         seed=config.seed,
+                        samples_per_prompt=config.live.samples_per_prompt,
                     )
                     for temp in config.live.temperatures
                 }
