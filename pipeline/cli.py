@@ -21,6 +21,13 @@ CONFIG_OPTION = click.option(
     required=True,
     help="YAML config (see jobs/configs/).",
 )
+SET_OPTION = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key with a YAML value, e.g. --set replicas.num_replicas=2.",
+)
 
 
 class _Group(click.Group):
@@ -57,13 +64,7 @@ def _not_built(command: str, issue: str) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override a config key (YAML value).",
-)
+@SET_OPTION
 def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Regenerate assistant turns with the target and capture hidden states into shards.
 
@@ -92,13 +93,7 @@ def train(config_path: Path) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override a config key (YAML value), e.g. --set live.num_prompts=4.",
-)
+@SET_OPTION
 def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Measure drafts' acceptance length per domain against the target; write a report.
 

@@ -203,8 +203,13 @@ def live_report(
 
 def run_evaluation(config: EvalConfig) -> EvalResult:
     """Evaluate every draft of `config` (see the module docstring)."""
-    import torch
+    from pipeline.threads import torch_threads
 
+    with torch_threads(config.num_threads):
+        return _run_evaluation(config)
+
+
+def _run_evaluation(config: EvalConfig) -> EvalResult:
     from pipeline.evaluate.calibration import (
         calibration_metrics,
         conditional_events,
@@ -218,131 +223,115 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
     from pipeline.targets.toy import resolve_model
 
     started = time.monotonic()
-    saved_threads = torch.get_num_threads()
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    try:
-        target_dir = Path(resolve_model(config.target))
-        loaded, train_configs = {}, {}
-        for entry in config.drafts:
-            if entry.path is None:
-                continue
-            draft = load_draft(
-                entry.path, target_dir=target_dir, untrained=entry.untrained, seed=config.seed
-            )
-            loaded[entry.name] = draft
-            if draft.train_config is not None and not entry.untrained:
-                train_configs[entry.name] = draft.train_config
-        samples, data_info = load_heldout(
-            config, train_configs, {n: d.spec for n, d in loaded.items()}, target_dir
+    target_dir = Path(resolve_model(config.target))
+    loaded, train_configs = {}, {}
+    for entry in config.drafts:
+        if entry.path is None:
+            continue
+        draft = load_draft(
+            entry.path, target_dir=target_dir, untrained=entry.untrained, seed=config.seed
         )
-        fit_frac = config.calibration.fit_fraction
-        fit_samples = [s for s in samples if in_calibration_split(s.sample_id, fit_frac)]
-        eval_samples = [s for s in samples if not in_calibration_split(s.sample_id, fit_frac)]
-        log.info(
-            "evaluating %s", kv(drafts=len(loaded), samples=len(samples), target=config.target)
-        )
+        loaded[entry.name] = draft
+        if draft.train_config is not None and not entry.untrained:
+            train_configs[entry.name] = draft.train_config
+    samples, data_info = load_heldout(
+        config, train_configs, {n: d.spec for n, d in loaded.items()}, target_dir
+    )
+    fit_frac = config.calibration.fit_fraction
+    fit_samples = [s for s in samples if in_calibration_split(s.sample_id, fit_frac)]
+    eval_samples = [s for s in samples if not in_calibration_split(s.sample_id, fit_frac)]
+    log.info("evaluating %s", kv(drafts=len(loaded), samples=len(samples), target=config.target))
 
-        drafts: dict[str, dict] = {}
-        drafters: dict[str, Drafter] = {}
-        for entry in config.drafts:
-            if entry.name not in loaded:
-                drafts[entry.name] = {
-                    "available": False,
-                    "note": entry.note or "no checkpoint given",
-                }
-                continue
-            draft = loaded[entry.name]
-            drafter = make_drafter(entry.name, draft, use_heads=entry.use_heads)
-            drafters[entry.name] = drafter
-            n = drafter.num_draft_tokens
-            fit_tables = build_tables(fit_samples, drafter)
-            eval_tables = build_tables(eval_samples, drafter)
-            rounds = walk_tables(fit_tables + eval_tables, num_draft_tokens=n)
-            result: dict[str, Any] = {
-                "available": True,
-                "source": str(draft.source),
-                "untrained": entry.untrained,
-                "kind": draft.spec.kind,
-                "use_heads": entry.use_heads,
-                "block_size": draft.spec.block_size,
-                "sample_from_anchor": draft.spec.sample_from_anchor,
-                "offline_t0": summarize_rounds(
-                    rounds=rounds,
-                    num_samples=len(fit_tables) + len(eval_tables),
-                    sample_ids=[t.sample_id for t in fit_tables + eval_tables],
-                ).to_dict(),
+    drafts: dict[str, dict] = {}
+    drafters: dict[str, Drafter] = {}
+    for entry in config.drafts:
+        if entry.name not in loaded:
+            drafts[entry.name] = {
+                "available": False,
+                "note": entry.note or "no checkpoint given",
             }
-            if entry.note:
-                result["note"] = entry.note
-            calibrate = (
-                config.calibration.enabled and drafter.has_confidence and not entry.untrained
-            )
-            if calibrate and fit_tables and eval_tables:
-                cal = fit_calibration(
-                    conditional_events(fit_tables, n), num_samples=len(fit_tables)
-                )
-                result["calibration"] = {
-                    "temperatures": [round(t, 4) for t in cal.temperatures],
-                    "fit_samples": len(fit_tables),
-                    "eval_samples": len(eval_tables),
-                    "metrics": calibration_metrics(conditional_events(eval_tables, n), cal),
-                }
-                result["truncation"] = truncation_sweep(
-                    eval_tables,
-                    calibration=cal,
-                    thresholds=config.calibration.thresholds,
-                    num_draft_tokens=n,
-                )
-                if (
-                    config.calibration.store
-                    and draft.export_dir is not None
-                    and not entry.untrained
-                ):
-                    result["calibration"]["stored"] = str(cal.save(draft.export_dir))
-            drafts[entry.name] = result
-            log.info(
-                "offline T=0 %s",
-                kv(
-                    draft=entry.name,
-                    tau=result["offline_t0"]["tau"],
-                    macro=result["offline_t0"]["tau_macro"],
-                ),
-            )
-
-        if config.live is not None and drafters:
-            from pipeline.evaluate.sampling import HFVerifier
-
-            aux = next(iter(loaded.values())).spec.aux_layer_ids
-            verifier = HFVerifier(str(target_dir), aux)
-            prompts = _prompts(samples, config.live.num_prompts)
-            for name, drafter in drafters.items():
-                drafts[name]["live"] = {
-                    str(temp): live_report(
-                        drafter=drafter,
-                        verifier=verifier,
-                        samples=prompts,
-                        temperature=temp,
-                        max_new_tokens=config.live.max_new_tokens,
-                        seed=config.seed,
-                        samples_per_prompt=config.live.samples_per_prompt,
-                    )
-                    for temp in config.live.temperatures
-                }
-            verifier.target.close()
-
-        report: dict[str, Any] = {
-            "target": config.target,
-            "data": data_info,
-            "drafts": drafts,
+            continue
+        draft = loaded[entry.name]
+        drafter = make_drafter(entry.name, draft, use_heads=entry.use_heads)
+        drafters[entry.name] = drafter
+        n = drafter.num_draft_tokens
+        fit_tables = build_tables(fit_samples, drafter)
+        eval_tables = build_tables(eval_samples, drafter)
+        rounds = walk_tables(fit_tables + eval_tables, num_draft_tokens=n)
+        result: dict[str, Any] = {
+            "available": True,
+            "source": str(draft.source),
+            "untrained": entry.untrained,
+            "kind": draft.spec.kind,
+            "use_heads": entry.use_heads,
+            "block_size": draft.spec.block_size,
+            "sample_from_anchor": draft.spec.sample_from_anchor,
+            "offline_t0": summarize_rounds(
+                rounds=rounds,
+                num_samples=len(fit_tables) + len(eval_tables),
+                sample_ids=[t.sample_id for t in fit_tables + eval_tables],
+            ).to_dict(),
         }
-        if config.vllm is not None:
-            report["vllm"] = vllm_check(config, loaded, drafters, samples, target_dir).to_dict()
-        report["seconds"] = round(time.monotonic() - started, 1)
-        json_path, md_path, plots = write_report(report, Path(config.out_dir))
-        return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
-    finally:
-        torch.set_num_threads(saved_threads)
+        if entry.note:
+            result["note"] = entry.note
+        calibrate = config.calibration.enabled and drafter.has_confidence and not entry.untrained
+        if calibrate and fit_tables and eval_tables:
+            cal = fit_calibration(conditional_events(fit_tables, n), num_samples=len(fit_tables))
+            result["calibration"] = {
+                "temperatures": [round(t, 4) for t in cal.temperatures],
+                "fit_samples": len(fit_tables),
+                "eval_samples": len(eval_tables),
+                "metrics": calibration_metrics(conditional_events(eval_tables, n), cal),
+            }
+            result["truncation"] = truncation_sweep(
+                eval_tables,
+                calibration=cal,
+                thresholds=config.calibration.thresholds,
+                num_draft_tokens=n,
+            )
+            if config.calibration.store and draft.export_dir is not None and not entry.untrained:
+                result["calibration"]["stored"] = str(cal.save(draft.export_dir))
+        drafts[entry.name] = result
+        log.info(
+            "offline T=0 %s",
+            kv(
+                draft=entry.name,
+                tau=result["offline_t0"]["tau"],
+                macro=result["offline_t0"]["tau_macro"],
+            ),
+        )
+
+    if config.live is not None and drafters:
+        from pipeline.evaluate.sampling import HFVerifier
+
+        aux = next(iter(loaded.values())).spec.aux_layer_ids
+        verifier = HFVerifier(str(target_dir), aux)
+        prompts = _prompts(samples, config.live.num_prompts)
+        for name, drafter in drafters.items():
+            drafts[name]["live"] = {
+                str(temp): live_report(
+                    drafter=drafter,
+                    verifier=verifier,
+                    samples=prompts,
+                    temperature=temp,
+                    max_new_tokens=config.live.max_new_tokens,
+                    seed=config.seed,
+                    samples_per_prompt=config.live.samples_per_prompt,
+                )
+                for temp in config.live.temperatures
+            }
+        verifier.target.close()
+
+    report: dict[str, Any] = {
+        "target": config.target,
+        "data": data_info,
+        "drafts": drafts,
+    }
+    if config.vllm is not None:
+        report["vllm"] = vllm_check(config, loaded, drafters, samples, target_dir).to_dict()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    json_path, md_path, plots = write_report(report, Path(config.out_dir))
+    return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
 
 
 def vllm_check(config: EvalConfig, loaded, drafters, samples, target_dir: Path):

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.logs import kv
+from pipeline.threads import torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -53,42 +54,6 @@ def write_reference_shards(
     machine OpenMP spin-waiting made 2 threads ~40x slower than 1 (measured).
     """
     import torch
-
-    saved = torch.get_num_threads()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    try:
-        return _write(
-            uri,
-            target,
-            num_conversations,
-            corpus_seed,
-            aux_layer_ids,
-            num_units,
-            regenerate,
-            max_new_tokens,
-            codec,
-            batch_size,
-            endpoint_url,
-        )
-    finally:
-        torch.set_num_threads(saved)
-
-
-def _write(
-    uri,
-    target,
-    num_conversations,
-    corpus_seed,
-    aux_layer_ids,
-    num_units,
-    regenerate,
-    max_new_tokens,
-    codec,
-    batch_size,
-    endpoint_url,
-) -> int:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline import __version__
@@ -99,81 +64,86 @@ def _write(
     from pipeline.shards.writer import Sample
     from pipeline.targets.toy import resolve_model
 
-    model_dir = Path(resolve_model(target))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    num_layers = model.config.num_hidden_layers
-    if any(not 0 <= k < num_layers for k in aux_layer_ids):
-        raise ValueError(
-            f"aux_layer_ids {list(aux_layer_ids)} must lie in [0, {num_layers}) for {target} "
-            f"({num_layers} layers; the final stream is stored separately, after the norm)"
-        )
-    convs, seen = [], set()
-    for conv in generate(SyntheticSpec(num_conversations=num_conversations, seed=corpus_seed)):
-        if conv["id"] not in seen:  # the synthetic corpus repeats a few short conversations
-            seen.add(conv["id"])
-            convs.append(conv)
-    prompts = [render_prompt(tokenizer, first_prompt(c["messages"])) for c in convs]
-    if regenerate:
-        answers = _greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
-    else:
-        answers = []
-        for conv, prompt in zip(convs, prompts, strict=True):
-            full = tokenizer.apply_chat_template(
-                conv["messages"][: len(first_prompt(conv["messages"])) + 1],
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]
-            answers.append((list(full[len(prompt) :]), "stop"))
+    with torch_threads(num_threads):
+        model_dir = Path(resolve_model(target))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        num_layers = model.config.num_hidden_layers
+        if any(not 0 <= k < num_layers for k in aux_layer_ids):
+            raise ValueError(
+                f"aux_layer_ids {list(aux_layer_ids)} must lie in [0, {num_layers}) for {target} "
+                f"({num_layers} layers; the final stream is stored separately, after the norm)"
+            )
+        convs, seen = [], set()
+        for conv in generate(SyntheticSpec(num_conversations=num_conversations, seed=corpus_seed)):
+            if conv["id"] not in seen:  # the synthetic corpus repeats a few short conversations
+                seen.add(conv["id"])
+                convs.append(conv)
+        prompts = [render_prompt(tokenizer, first_prompt(c["messages"])) for c in convs]
+        if regenerate:
+            answers = _greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
+        else:
+            answers = []
+            for conv, prompt in zip(convs, prompts, strict=True):
+                full = tokenizer.apply_chat_template(
+                    conv["messages"][: len(first_prompt(conv["messages"])) + 1],
+                    tokenize=True,
+                    return_dict=True,
+                )["input_ids"]
+                answers.append((list(full[len(prompt) :]), "stop"))
 
-    provenance = Provenance(
-        target_name=target,
-        target_revision=file_hash(*sorted(model_dir.glob("*.safetensors"))),
-        tokenizer_hash=file_hash(model_dir / "tokenizer.json", model_dir / "chat_template.jinja"),
-        aux_layer_ids=tuple(aux_layer_ids),
-        hidden_size=model.config.hidden_size,
-        codec=codec,
-        corpus_version=f"synthetic-v{CORPUS_VERSION}-seed{corpus_seed}-n{num_conversations}",
-        code_version=f"dspark-targets {__version__} (pipeline.train.toy_shards, HF reference)",
-        generation={"backend": "hf", "temperature": 0.0, "max_new_tokens": max_new_tokens}
-        if regenerate
-        else {"backend": "corpus answers"},
-    )
-    dataset = Dataset.open(uri, endpoint_url=endpoint_url)
-    infos = []
-    per_unit = -(-len(convs) // num_units)
-    for unit in range(num_units):
-        chunk = range(unit * per_unit, min(len(convs), (unit + 1) * per_unit))
-        with dataset.writer(f"ref-{unit:04d}", provenance) as writer:
-            for i in chunk:
-                output, finish = answers[i]
-                if not output:
-                    continue
-                ids = prompts[i] + output
-                with torch.no_grad():
-                    out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-                hs = out.hidden_states
-                writer.write(
-                    Sample(
-                        sample_id=f"{convs[i]['id']}.0",
-                        source="synthetic",
-                        domain=convs[i]["domain"],
-                        input_ids=ids,
-                        loss_mask=[0] * len(prompts[i]) + [1] * len(output),
-                        hidden_states=torch.cat([hs[k][0] for k in aux_layer_ids], -1).bfloat16(),
-                        last_hidden_state=hs[num_layers][0].bfloat16(),
-                        finish_reason=finish,
-                        num_prompt_tokens=len(prompts[i]),
-                        num_generated_tokens=len(output),
+        provenance = Provenance(
+            target_name=target,
+            target_revision=file_hash(*sorted(model_dir.glob("*.safetensors"))),
+            tokenizer_hash=file_hash(
+                model_dir / "tokenizer.json", model_dir / "chat_template.jinja"
+            ),
+            aux_layer_ids=tuple(aux_layer_ids),
+            hidden_size=model.config.hidden_size,
+            codec=codec,
+            corpus_version=f"synthetic-v{CORPUS_VERSION}-seed{corpus_seed}-n{num_conversations}",
+            code_version=f"dspark-targets {__version__} (pipeline.train.toy_shards, HF reference)",
+            generation={"backend": "hf", "temperature": 0.0, "max_new_tokens": max_new_tokens}
+            if regenerate
+            else {"backend": "corpus answers"},
+        )
+        dataset = Dataset.open(uri, endpoint_url=endpoint_url)
+        infos = []
+        per_unit = -(-len(convs) // num_units)
+        for unit in range(num_units):
+            chunk = range(unit * per_unit, min(len(convs), (unit + 1) * per_unit))
+            with dataset.writer(f"ref-{unit:04d}", provenance) as writer:
+                for i in chunk:
+                    output, finish = answers[i]
+                    if not output:
+                        continue
+                    ids = prompts[i] + output
+                    with torch.no_grad():
+                        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+                    hs = out.hidden_states
+                    writer.write(
+                        Sample(
+                            sample_id=f"{convs[i]['id']}.0",
+                            source="synthetic",
+                            domain=convs[i]["domain"],
+                            input_ids=ids,
+                            loss_mask=[0] * len(prompts[i]) + [1] * len(output),
+                            hidden_states=torch.cat(
+                                [hs[k][0] for k in aux_layer_ids], -1
+                            ).bfloat16(),
+                            last_hidden_state=hs[num_layers][0].bfloat16(),
+                            finish_reason=finish,
+                            num_prompt_tokens=len(prompts[i]),
+                            num_generated_tokens=len(output),
+                        )
                     )
-                )
-        infos.append(writer.info)
-    manifest = dataset.commit(infos)
-    log.info(
-        "reference shards committed %s",
-        kv(uri=dataset.uri, version=manifest.version, rows=manifest.num_rows),
-    )
-    return manifest.version
+            infos.append(writer.info)
+        manifest = dataset.commit(infos)
+        log.info(
+            "reference shards committed %s",
+            kv(uri=dataset.uri, version=manifest.version, rows=manifest.num_rows),
+        )
+        return manifest.version
 
 
 def _greedy(model, tokenizer, prompts, max_new_tokens: int, batch_size: int):

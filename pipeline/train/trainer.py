@@ -28,10 +28,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
 from pipeline.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,14 @@ def save_checkpoint(
     os.replace(tmp, final)
     _write_atomic(root / LATEST, final.name)
     return final
+
+
+def teacher_logits(model, batch) -> torch.Tensor:
+    """(R, Nb, B, V) the target's logits for the token each block slot drafts, rebuilt
+    from the stored post-norm final hidden states through the frozen lm_head."""
+    r, nb, b = batch.teacher_index.shape
+    idx = batch.teacher_index.view(r, nb * b, 1).expand(-1, -1, batch.last_hidden.shape[-1])
+    return model.target_logits(batch.last_hidden.gather(1, idx)).view(r, nb, b, -1)
 
 
 def train(
@@ -299,9 +310,7 @@ def run_worker(
         with autocast:
             out = net(batch.inputs)
         with torch.no_grad():
-            r, nb, b = batch.teacher_index.shape
-            idx = batch.teacher_index.view(r, nb * b, 1).expand(-1, -1, batch.last_hidden.shape[-1])
-            teacher = model.target_logits(batch.last_hidden.gather(1, idx)).view(r, nb, b, -1)
+            teacher = teacher_logits(model, batch)
         parts = draft_loss(
             logits=out.logits,
             target_logits=teacher,
@@ -427,9 +436,7 @@ def evaluate_heldout(
         for batch in heldout_batches(data, spec, seed=config.seed, batch_size=8, limit=limit):
             batch = batch.to(device)
             out = model(batch.inputs)
-            r, nb, b = batch.teacher_index.shape
-            idx = batch.teacher_index.view(r, nb * b, 1).expand(-1, -1, batch.last_hidden.shape[-1])
-            teacher = model.target_logits(batch.last_hidden.gather(1, idx)).view(r, nb, b, -1)
+            teacher = teacher_logits(model, batch)
             parts = draft_loss(
                 logits=out.logits,
                 target_logits=teacher,
