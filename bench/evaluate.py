@@ -45,6 +45,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ from results_file import merge_results, write_section  # bench/ is sys.path[0]
 from pipeline.evaluate.uncertainty import PerSample, ratio_interval
 
 ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "bench" / "figures"
 EAGLE3_STEPS = 5  # unrolled steps = drafted tokens, as many as DSpark drafts
 
 
@@ -156,6 +158,9 @@ def main() -> None:
         result = run_evaluation(config)
         report = result.report
         md = result.markdown_path.read_text()
+        FIGURES.mkdir(exist_ok=True)
+        for path in result.plots.values():  # committed beside RESULTS.md
+            shutil.copyfile(path, FIGURES / path.name)
 
     drafts = report["drafts"]
 
@@ -230,6 +235,10 @@ def main() -> None:
             "T=0, exact offline walk of the held-out samples of the bf16 dataset:",
             "",
             table,
+            "",
+            "Plots: "
+            + ", ".join(f"[{k}](figures/{v.name})" for k, v in result.plots.items())
+            + ".",
             "",
             "Conditional acceptance per drafted position (T=0):",
             "",

@@ -157,7 +157,15 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot_tau_by_domain(report: dict, path: Path) -> Path:
+def _acceptance(entry: dict, temperature: str | None) -> dict | None:
+    """The T=0 offline result (temperature None) or the live result at that temperature."""
+    if temperature is None:
+        return entry.get("offline_t0")
+    return (entry.get("live") or {}).get(temperature)
+
+
+def plot_tau_by_domain(report: dict, path: Path, temperature: str | None = None) -> Path:
+    """Bars of tau per domain and the macro average (with its interval) for every draft."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,22 +174,36 @@ def plot_tau_by_domain(report: dict, path: Path) -> Path:
     domains = [*domains_of(report), "macro"]
     names = list(report["drafts"])
     width = 0.8 / max(len(names), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(domains)), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(domains)), 4.2))
     for i, name in enumerate(names):
-        off = report["drafts"][name].get("offline_t0")
+        res = _acceptance(report["drafts"][name], temperature)
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(domains))]
-        if not off:
+        if not res:
             for x in xs:
                 ax.text(x, 1.02, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
             ax.bar(xs, [0] * len(xs), width, label=f"{name} (n/a)")
             continue
-        vals = [off["tau_by_domain"].get(d) for d in domains[:-1]] + [off["tau_macro"]]
+        vals = [res["tau_by_domain"].get(d) for d in domains[:-1]] + [res["tau_macro"]]
         ax.bar(xs, [v or 0 for v in vals], width, label=name)
+        ci = res.get("tau_macro_ci95")
+        if ci and ci[0] is not None:
+            macro = res["tau_macro"]
+            ax.errorbar(
+                xs[-1],
+                macro,
+                yerr=[[macro - ci[0]], [ci[1] - macro]],
+                fmt="none",
+                ecolor="black",
+                capsize=2,
+                lw=0.8,
+            )
     ax.set_xticks(range(len(domains)), domains)
     ax.set_ylabel("tau (tokens / verification round)")
-    ax.set_title(f"Acceptance length per domain, T=0, target {report['target']}")
+    label = "T=0 (exact, offline)" if temperature is None else f"T={temperature} (live loop)"
+    ax.set_title(f"Acceptance length per domain, {label}, target {report['target']}")
     ax.axhline(1.0, color="grey", lw=0.6)
-    ax.legend(fontsize=7)
+    # Below the axes, so the legend never covers a bar.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(len(names), 5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -209,7 +231,7 @@ def plot_position_acceptance(report: dict, path: Path) -> Path:
     ax.set_ylabel("P(accept k | accepted 1..k-1)")
     ax.set_ylim(0, 1.02)
     ax.set_title("Conditional acceptance per block position, T=0")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -225,6 +247,11 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, dict[str, Pat
             report, out_dir / "acceptance_by_position.png"
         ),
     }
+    temps = sorted({t for e in report["drafts"].values() for t in (e.get("live") or {})})
+    for temp in temps:
+        plots[f"tau per domain, T={temp}"] = plot_tau_by_domain(
+            report, out_dir / f"tau_by_domain_t{temp}.png", temperature=temp
+        )
     report = {**report, "plots": {k: str(p) for k, p in plots.items()}}
     json_path = write_json(report, out_dir / "report.json")
     md_path = out_dir / "report.md"
