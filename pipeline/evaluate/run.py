@@ -387,7 +387,7 @@ def demo_report(
     """
     from pipeline.evaluate.config import parse_eval_config
 
-    baseline = "not trained in this run (bench/evaluate.py trains every draft)"
+    baseline = "not trained by the demo (bench/evaluate.py trains it)"
     drafts: list[dict] = [
         {"name": "DSpark", "path": str(dspark)},
         {"name": "DSpark backbone", "path": str(dspark), "use_heads": False},

@@ -6,6 +6,7 @@ Marked slow: the session fixture trains a draft (~1 min with the shards).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from pipeline.evaluate.calibration import Calibration
 from pipeline.evaluate.config import parse_eval_config
 from pipeline.evaluate.drafting import ModelDrafter, load_draft, make_drafter
 from pipeline.evaluate.offline import anchor_table, walk
-from pipeline.evaluate.run import load_heldout, run_evaluation
+from pipeline.evaluate.run import demo_report, load_heldout, run_evaluation
 from pipeline.evaluate.sampling import HFVerifier, live_decode
 
 pytestmark = pytest.mark.slow
@@ -185,3 +186,27 @@ def test_exports_load_as_the_checkpoint_they_came_from(dspark_run, trained_targe
     )
     with pytest.raises(FileNotFoundError, match="not a training run"):
         load_draft(dspark_run / "metrics.jsonl", target_dir=trained_target_dir)
+
+
+def test_demo_report_prints_the_table_and_plot_paths(dspark_run, eagle3_run, tmp_path):
+    """`make demo`'s last step: rows for every draft (baselines not given are n/a)."""
+    lines: list[str] = []
+    result = demo_report(
+        tmp_path / "eval", dspark=dspark_run, eagle3=eagle3_run, print_fn=lines.append
+    )
+    text = "\n".join(lines)
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in text.splitlines()
+        if line.startswith("| ")
+    }
+    assert set(rows) >= {"DSpark", "DSpark backbone", "DFlash", "EAGLE-3", "untrained"}
+    assert "not trained by the demo" in rows["DFlash"]
+    for name in (
+        "EAGLE-3",
+        "DSpark",
+    ):  # a macro tau (its interval is n/a when a domain has 1 sample)
+        assert re.search(r"\*\*\d\.\d\d\*\*", rows[name]), rows[name]
+    for path in result.plots.values():
+        assert f": {path}" in text and path.exists()
+    assert result.report["drafts"]["EAGLE-3"]["kind"] == "eagle3"
