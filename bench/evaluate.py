@@ -149,6 +149,10 @@ def main() -> None:
                 data=dict(uri=str(shards["bf16"]), heldout_fraction=args.heldout),
                 drafts=[
                     *[dict(name=name, path=str(path)) for name, path in run_dir.items()],
+                    # The Markov head's share of DSpark's gain: the same weights without it.
+                    dict(
+                        name="DSpark, no Markov head", path=str(run_dir["DSpark"]), use_heads=False
+                    ),
                     dict(name="untrained", path=str(run_dir["DSpark"]), untrained=True),
                 ],
                 calibration=dict(store=False),
@@ -183,6 +187,10 @@ def main() -> None:
     p6, p4 = compare("DSpark", "DFlash", "t0"), compare("DSpark (fp8 shards)", "DSpark", "t0")
     p6_t1, p4_t1 = compare("DSpark", "DFlash", "t1"), compare("DSpark (fp8 shards)", "DSpark", "t1")
     vs_eagle = compare("DSpark", "EAGLE-3", "t0"), compare("DSpark", "EAGLE-3", "t1")
+    markov = (
+        compare("DSpark", "DSpark, no Markov head", "t0"),
+        compare("DSpark", "DSpark, no Markov head", "t1"),
+    )
     load = os.getloadavg()[0]
     budget = (
         f"{args.steps} steps x {args.batch} sequences, lr 3e-3, seed 0; DSpark/DFlash 2 layers, "
@@ -199,6 +207,7 @@ def main() -> None:
         "P4_T1": p4_t1["ratio"] if p4_t1 else None,
         "P4_T1_ci95": p4_t1["ci95"] if p4_t1 else None,
         "eval_dspark_over_eagle3": {"T0": vs_eagle[0], "T1": vs_eagle[1]},
+        "eval_dspark_over_no_markov_head": {"T0": markov[0], "T1": markov[1]},
         "P6_tau_macro_dspark": macro["DSpark"],
         "P6_tau_macro_dflash": macro["DFlash"],
         "P4_tau_macro_dspark_fp8": macro["DSpark (fp8 shards)"],
@@ -218,6 +227,11 @@ def main() -> None:
         ci = "95% CI {:.3f}-{:.3f}".format(*fig["ci95"]) if fig["ci95"] else "no interval"
         return f"* **{key}** ({label}) **= {fig['ratio']:.3f}** ({ci}; {goal})"
 
+    timing = (
+        f"Shards {shard_s:.0f} s, training seconds {train_s}"
+        if train_s
+        else "Shards and drafts reused from an earlier run in the same work directory"
+    )
     table = md[md.index("| draft |") :].split("\n\n")[0]
     positions = md[md.index("### Conditional acceptance") :].split("\n\n")[1]
     live_table = md[md.index("## Temperature > 0") :].split("\n\n")[1] if live_macro else ""
@@ -227,8 +241,8 @@ def main() -> None:
             "",
             f"Trained toy target; every draft trained with the same budget: {budget}. "
             f"DSpark in the paper layout (5 drafted tokens), DFlash in the fill-in layout "
-            f"(4 drafted tokens), EAGLE-3 drafting 5. Shards {shard_s:.0f} s, training "
-            f"{train_s or 'reused'} s; {platform.processor() or platform.machine()}, load "
+            f"(4 drafted tokens), EAGLE-3 drafting 5. {timing}; "
+            f"{platform.processor() or platform.machine()}, load "
             f"average {load:.2f}. Intervals: paired stratified bootstrap over held-out samples "
             "(pipeline/evaluate/uncertainty.py).",
             "",
@@ -260,6 +274,15 @@ def main() -> None:
             line("P4_T1", "DSpark on fp8 / on bf16 shards, T=1", p4_t1, "goal >= 0.99"),
             line("DSpark / EAGLE-3", "macro tau, T=0", vs_eagle[0], "paper: 1.27-1.31 at T=1"),
             line("DSpark / EAGLE-3", "macro tau, T=1", vs_eagle[1], "paper: 1.27-1.31 at T=1"),
+            line(
+                "DSpark / its weights without the Markov head", "T=0", markov[0], "its share of P6"
+            ),
+            line(
+                "DSpark / its weights without the Markov head",
+                "T=1",
+                markov[1],
+                "its share of P6_T1",
+            ),
             "",
             '"untrained" keeps the target\'s frozen embeddings and lm_head (only the draft '
             "layers are random), and a trained target's lm_head(embed(x)) already predicts the "
