@@ -24,29 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
-    import yaml
-
-    from pipeline.config import ConfigError
+    from pipeline.cli_support import parse_overrides, run_and_report
     from pipeline.logs import setup_logging
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import summary_lines, train
 
     setup_logging(args.verbose)
-    try:
-        overrides = {}
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-            overrides[key] = yaml.safe_load(value)
-        result = train(load_train_config(args.config, overrides=overrides))
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        if args.verbose:
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print("\n".join(summary_lines(result)))
-    return 0
+
+    def job() -> list[str]:
+        config = load_train_config(args.config, overrides=parse_overrides(args.set))
+        return summary_lines(train(config))
+
+    return run_and_report(job, verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -81,13 +81,15 @@ def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-def train(config_path: Path) -> None:
+@SET_OPTION
+def train(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Train a DSpark draft from committed shards and export it for vLLM."""
+    from pipeline.cli_support import parse_overrides
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import summary_lines
     from pipeline.train.trainer import train as run_train
 
-    result = run_train(load_train_config(config_path))
+    result = run_train(load_train_config(config_path, overrides=parse_overrides(list(overrides))))
     click.echo("\n".join(summary_lines(result)))
 
 

@@ -1,4 +1,4 @@
-"""A tiny draft architecture and random samples for unit tests (CPU, milliseconds)."""
+"""Test helpers: a tiny draft architecture, random samples, and a small training run."""
 
 from __future__ import annotations
 
@@ -51,3 +51,29 @@ def random_sample(
         prompt,
         t - prompt,
     )
+
+
+def train_small_draft(
+    shards, out_dir, draft: dict, *, num_steps: int = 60, heldout_fraction: float = 0.1
+):
+    """Train (and export) a draft on toy shards: 8 sequences a step, one thread (~40 s)."""
+    from pipeline.train.config import parse_train_config
+    from pipeline.train.trainer import train
+
+    config = parse_train_config(
+        dict(
+            target="toy:trained",
+            data=dict(
+                uri=str(shards), num_anchors=64, heldout_fraction=heldout_fraction, prefetch=1
+            ),
+            out_dir=str(out_dir),
+            num_steps=num_steps,
+            global_batch_size=8,
+            draft=draft,
+            optim=dict(lr=3e-3),
+            checkpoint_every=num_steps,
+            log_every=1000,
+            num_threads=1,
+        )
+    )
+    return train(config)

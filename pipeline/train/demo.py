@@ -30,13 +30,14 @@ def train_demo_draft(
     kind: str = "dspark",
 ) -> dict[str, Any]:
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
-    import torch
 
     from pipeline.shards.manifest import Dataset
     from pipeline.train.config import load_train_config
     from pipeline.train.toy_shards import write_reference_shards
     from pipeline.train.trainer import train
 
+    if kind not in ("dspark", "eagle3"):
+        raise ValueError(f"kind {kind!r}: the demo trains 'dspark' or 'eagle3'")
     out_dir = Path(out_dir)
     started = time.monotonic()
     # Train on the given dataset (the demo's regenerated one), else on reference shards.
@@ -44,8 +45,6 @@ def train_demo_draft(
     if data_uri is None and Dataset.open(shards).latest_version() is None:
         write_reference_shards(shards, num_conversations=num_conversations, num_units=4)
     shard_seconds = time.monotonic() - started
-    if kind not in ("dspark", "eagle3"):
-        raise ValueError(f"kind {kind!r}: the demo trains 'dspark' or 'eagle3'")
     config = load_train_config(
         EAGLE3_CONFIG if kind == "eagle3" else DEMO_CONFIG,
         overrides={
@@ -54,9 +53,7 @@ def train_demo_draft(
             "num_steps": num_steps,
         },
     )
-    threads = torch.get_num_threads()
     result = train(config)
-    torch.set_num_threads(threads)
     first, last = result.metrics[0], result.metrics[-1]
     summary: dict[str, Any] = {
         "shard_seconds": round(shard_seconds, 1),

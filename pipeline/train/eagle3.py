@@ -36,26 +36,30 @@ entropy only (same gradient). Normalised by the summed step weights.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.train.model import MLP, DraftInputs, DraftOutput, DraftSpec, RMSNorm, rope
+from pipeline.train.model import (
+    MLP,
+    Attention,
+    DraftInputs,
+    DraftModel,
+    DraftOutput,
+    DraftSpec,
+    RMSNorm,
+    context_mask,
+    rope,
+)
 
 
-class Eagle3Attention(nn.Module):
+class Eagle3Attention(Attention):
     """Qwen3 attention whose q/k/v read the 2H-wide [embedding ; hidden] input."""
 
     def __init__(self, spec: DraftSpec) -> None:
-        super().__init__()
-        d, h, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.h, self.kv, self.hd, self.theta = h, kv, hd, spec.rope_theta
-        self.q_proj = nn.Linear(2 * d, h * hd, bias=False)
-        self.k_proj = nn.Linear(2 * d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * d, kv * hd, bias=False)
-        self.o_proj = nn.Linear(h * hd, d, bias=False)
-        self.q_norm = RMSNorm(hd, spec.rms_norm_eps)
-        self.k_norm = RMSNorm(hd, spec.rms_norm_eps)
+        super().__init__(spec, in_dim=2 * spec.hidden_size)
 
     def query(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x (R, N, 2d), positions (R, N) -> (R, h, N, hd)
@@ -66,13 +70,8 @@ class Eagle3Attention(nn.Module):
     def key_value(
         self, x: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # x (R, N, 2d), positions (R, N) -> k, v (R, h, N, hd), GQA heads repeated
-        r, n, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(r, n, self.kv, self.hd)).transpose(1, 2)
-        v = self.v_proj(x).view(r, n, self.kv, self.hd).transpose(1, 2)
-        k = rope(k, positions[:, None, :], self.theta)
-        rep = self.h // self.kv
-        return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        """k, v (R, h, N, hd) with GQA heads repeated."""
+        return self._kv(x, positions)
 
     def attend(
         self,
@@ -119,10 +118,7 @@ def ttt_context_mask(inputs: DraftInputs) -> torch.Tensor:
     """(R, Nb, Tc) bool: every step of block n sees the step-0 key of context slot j
     iff same sample and position < a-1 (the root p = a-1 itself is the block's
     own step-0 key, which the step loop carries with the chain)."""
-    same = inputs.block_doc[:, :, None] == inputs.ctx_doc[:, None, :]
-    before = inputs.ctx_positions[:, None, :] < (inputs.block_anchor - 1)[:, :, None]
-    real = (inputs.block_doc >= 0)[:, :, None]
-    return same & before & real
+    return context_mask(dataclasses.replace(inputs, block_anchor=inputs.block_anchor - 1))
 
 
 def ttt_attention_mask(inputs: DraftInputs) -> torch.Tensor:
@@ -173,9 +169,7 @@ class Eagle3Draft(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
 
-    def target_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """The target's logits rebuilt from its post-norm final hidden state."""
-        return last_hidden.to(self.lm_head.dtype) @ self.lm_head.T
+    target_logits = DraftModel.target_logits  # the same frozen lm_head
 
     def forward(self, inputs: DraftInputs) -> DraftOutput:
         """Teacher-forced unroll (training): step s reads `prev_ids[..., s]` = x_{a+s}."""

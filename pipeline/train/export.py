@@ -71,6 +71,21 @@ def _layer_config(spec: DraftSpec, target_config: dict) -> dict:
     }
 
 
+def _verifier(verifier: str, target_config: dict) -> dict:
+    return {
+        "name_or_path": verifier,
+        "architectures": target_config.get("architectures", ["Qwen3ForCausalLM"]),
+    }
+
+
+def _provenance(spec: DraftSpec) -> dict:
+    """What this project adds to config.json (readers other than vLLM use it)."""
+    return {
+        "aux_layer_convention": "aux id k = residual stream after k decoder layers",
+        "trained_kind": spec.kind,
+    }
+
+
 def eagle3_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dict:
     """config.json of a speculators-format EAGLE-3 draft (see the module docstring)."""
     return {
@@ -89,16 +104,9 @@ def eagle3_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dic
                 {"proposal_type": "greedy", "speculative_tokens": spec.num_draft_tokens}
             ],
             "default_proposal_method": "greedy",
-            "verifier": {
-                "name_or_path": verifier,
-                "architectures": target_config.get("architectures", ["Qwen3ForCausalLM"]),
-            },
+            "verifier": _verifier(verifier, target_config),
         },
-        "dspark_targets": {
-            "aux_layer_convention": "aux id k = residual stream after k decoder layers",
-            "trained_kind": spec.kind,
-            "ttt_steps": spec.block_size,
-        },
+        "dspark_targets": {**_provenance(spec), "ttt_steps": spec.block_size},
     }
 
 
@@ -138,15 +146,9 @@ def speculators_config(spec: DraftSpec, *, kind: str, verifier: str, target_conf
                 }
             ],
             "default_proposal_method": kind,
-            "verifier": {
-                "name_or_path": verifier,
-                "architectures": target_config.get("architectures", ["Qwen3ForCausalLM"]),
-            },
+            "verifier": _verifier(verifier, target_config),
         },
-        "dspark_targets": {
-            "aux_layer_convention": "aux id k = residual stream after k decoder layers",
-            "trained_kind": spec.kind,
-        },
+        "dspark_targets": _provenance(spec),
     }
     if kind == "dspark":
         config.update(

@@ -66,12 +66,16 @@ def draft_loss(
     draft = logits[sel].float()  # (N, V)
     target = target_logits[sel].float()  # (N, V)
     logp = F.log_softmax(draft, dim=-1)
+    logq = F.log_softmax(target, dim=-1)  # (N, V) target log-probabilities
+    q = logq.exp()
     ce = -logp.gather(-1, target_ids[sel][:, None]).squeeze(-1)  # (N,)
-    tv = 0.5 * (logp.exp() - F.softmax(target, dim=-1)).abs().sum(-1)  # (N,)
+    # TV is always reported (and feeds the confidence head's label); it carries a
+    # gradient only when it is a loss term, so CE/KL-only drafts skip its backward.
+    p_draft = logp.exp() if tv_weight > 0 else logp.detach().exp()
+    tv = 0.5 * (p_draft - q).abs().sum(-1)  # (N,)
     kl = torch.zeros_like(tv)
     if kl_weight > 0:
-        logq = F.log_softmax(target, dim=-1)  # (N, V) target log-probabilities
-        kl = (logq.exp() * (logq - logp)).sum(-1)  # (N,)
+        kl = (q * (logq - logp)).sum(-1)  # (N,)
     bce = torch.zeros_like(tv)
     if confidence_logit is not None and bce_weight > 0:
         accept = (1.0 - tv).detach().clamp(0.0, 1.0)

@@ -184,13 +184,14 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: DraftSpec) -> None:
+    def __init__(self, spec: DraftSpec, in_dim: int | None = None) -> None:
         super().__init__()
         d, h, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+        i = in_dim or d  # EAGLE-3 reads a 2d-wide [embedding ; hidden] input
         self.h, self.kv, self.hd, self.theta = h, kv, hd, spec.rope_theta
-        self.q_proj = nn.Linear(d, h * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.q_proj = nn.Linear(i, h * hd, bias=False)
+        self.k_proj = nn.Linear(i, kv * hd, bias=False)
+        self.v_proj = nn.Linear(i, kv * hd, bias=False)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
         self.q_norm = RMSNorm(hd, spec.rms_norm_eps)
         self.k_norm = RMSNorm(hd, spec.rms_norm_eps)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
+from pipeline.threads import torch_threads
 from pipeline.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -125,7 +126,8 @@ def train(
     if config.num_workers > 1 or config.use_ray:
         _train_ray(config, stop_after)
     else:
-        run_worker(config.model_dump(mode="json"), stop_after=stop_after)
+        with torch_threads(config.num_threads):
+            run_worker(config.model_dump(mode="json"), stop_after=stop_after)
     summary = json.loads((out_dir / "summary.json").read_text())
     result = TrainResult(
         out_dir=out_dir,
@@ -179,7 +181,8 @@ def _train_ray(config: TrainConfig, stop_after: int | None) -> None:
 
 
 def _ray_loop(loop_config: dict[str, Any]) -> None:
-    run_worker(loop_config["config"], stop_after=loop_config["stop_after"], distributed=True)
+    with torch_threads(loop_config["config"].get("num_threads")):
+        run_worker(loop_config["config"], stop_after=loop_config["stop_after"], distributed=True)
 
 
 def run_worker(
@@ -199,8 +202,6 @@ def run_worker(
 
     config = TrainConfig.model_validate(config_data)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
     if config.use_gpu:
         device = (
             torch.device("cuda", torch.cuda.current_device())

@@ -102,10 +102,7 @@ def decode(
             text=True,
             capture_output=True,
             timeout=timeout_s,
-            env={
-                **os.environ,
-                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-            },
+            env=env,
         )
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])

@@ -22,25 +22,10 @@ def eval_shards(tmp_path_factory, trained_target_dir):
 
 
 def _train_run(shards, out, draft: dict):
-    """60 steps of 8 sequences on `shards`, a quarter held out, exported (~40 s)."""
-    from pipeline.train.config import parse_train_config
-    from pipeline.train.trainer import train
+    """60 steps, a quarter of the samples held out, exported (~40 s)."""
+    from draft_specs import train_small_draft
 
-    config = parse_train_config(
-        dict(
-            target="toy:trained",
-            data=dict(uri=str(shards), num_anchors=64, heldout_fraction=0.25, prefetch=1),
-            out_dir=str(out),
-            num_steps=60,
-            global_batch_size=8,
-            draft=draft,
-            optim=dict(lr=3e-3),
-            checkpoint_every=60,
-            log_every=1000,
-            num_threads=1,
-        )
-    )
-    return train(config)
+    return train_small_draft(shards, out, draft, heldout_fraction=0.25)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from draft_specs import train_small_draft
 
 from pipeline.train.config import parse_train_config
 from pipeline.train.eagle3 import Eagle3Draft, ttt_attention_mask
@@ -204,29 +205,9 @@ def test_eagle3_config_defaults_and_errors():
         )
 
 
-def _train(shards, out_dir, num_steps: int):
-    cfg = parse_train_config(
-        dict(
-            target="toy:trained",
-            data=dict(uri=str(shards), num_anchors=64, heldout_fraction=0.1, prefetch=1),
-            out_dir=str(out_dir),
-            num_steps=num_steps,
-            global_batch_size=8,
-            draft=dict(kind="eagle3"),
-            optim=dict(lr=3e-3),
-            checkpoint_every=num_steps,
-            log_every=1000,
-            num_threads=1,
-        )
-    )
-    from pipeline.train.trainer import train
-
-    return train(cfg)
-
-
 @pytest.fixture(scope="module")
 def eagle3_draft(toy_shards, tmp_path_factory):
-    return _train(toy_shards, tmp_path_factory.mktemp("eagle3"), 60)
+    return train_small_draft(toy_shards, tmp_path_factory.mktemp("eagle3"), dict(kind="eagle3"))
 
 
 def test_loss_falls_and_export_is_speculators_eagle3(eagle3_draft, toy_shards):

@@ -13,31 +13,18 @@ import json
 
 import pytest
 import torch
+from draft_specs import train_small_draft
 from safetensors import safe_open
 
-from pipeline.train.config import parse_train_config
 from pipeline.train.export import export_checkpoint
-from pipeline.train.trainer import latest_checkpoint, train
+from pipeline.train.trainer import latest_checkpoint
 
 from .conftest import SERVE_MAX_TOKENS, toy_prompts
 
 
 def _train(shards, out_dir, kind: str, num_steps: int, **draft):
-    cfg = parse_train_config(
-        dict(
-            target="toy:trained",
-            data=dict(uri=str(shards), num_anchors=64, heldout_fraction=0.1, prefetch=1),
-            out_dir=str(out_dir),
-            num_steps=num_steps,
-            global_batch_size=8,
-            draft=dict(kind=kind, num_layers=2, block_size=5, markov_rank=32, **draft),
-            optim=dict(lr=3e-3),
-            checkpoint_every=num_steps,
-            log_every=1000,
-            num_threads=1,
-        )
-    )
-    return train(cfg)
+    draft = dict(kind=kind, num_layers=2, block_size=5, markov_rank=32, **draft)
+    return train_small_draft(shards, out_dir, draft, num_steps=num_steps)
 
 
 @pytest.fixture(scope="module")
