@@ -109,8 +109,7 @@ def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
         load_eval_config(config_path, overrides=parse_overrides(list(overrides)))
     )
     click.echo("\n".join(result.lines()))
-    vllm = result.report.get("vllm")
-    if vllm and not vllm["within_tolerance"]:
+    if not result.ok:
         sys.exit(1)
 
 

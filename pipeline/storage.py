@@ -296,6 +296,18 @@ class LocalStorage:
         return pafs.LocalFileSystem(), str(self.root)
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Replace a local file all at once: readers see the old text or the new, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

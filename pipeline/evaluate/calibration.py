@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -158,14 +157,10 @@ class Calibration:
 
     def save(self, export_dir: str | Path) -> Path:
         """Write `confidence_calibration.json` atomically into the export directory."""
-        path = Path(export_dir) / CALIBRATION_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(asdict(self), indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        from pipeline.storage import write_text_atomic
+
+        text = json.dumps(asdict(self), indent=2) + "\n"
+        return write_text_atomic(Path(export_dir) / CALIBRATION_FILE, text)
 
     @classmethod
     def load(cls, export_dir: str | Path) -> Calibration:

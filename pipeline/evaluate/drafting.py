@@ -75,14 +75,11 @@ class LoadedDraft:
 
 def _checkpoint_dir(path: Path) -> Path | None:
     """A checkpoint directory for `path` (itself, or a run's checkpoints/latest)."""
+    from pipeline.train.trainer import latest_checkpoint
+
     if (path / "spec.json").exists() and (path / "state.pt").exists():
         return path
-    pointer = path / "checkpoints" / "latest"
-    if pointer.exists():
-        ckpt = pointer.parent / pointer.read_text().strip()
-        if (ckpt / "state.pt").exists():
-            return ckpt
-    return None
+    return latest_checkpoint(path)  # a dangling `latest` pointer is an error, named
 
 
 def spec_from_export(config: dict, where: str) -> DraftSpec:
@@ -130,9 +127,15 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
 
 
 def load_draft(
-    path: str | Path, *, target_dir: str | Path, untrained: bool = False, seed: int = 0
+    path: str | Path,
+    *,
+    target_dir: str | Path,
+    untrained: bool = False,
+    seed: int = 0,
+    target_head: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> LoadedDraft:
-    """Load a draft (see the module docstring); embeddings and lm_head come from the target."""
+    """Load a draft (see the module docstring); embeddings and lm_head come from the target
+    (`target_head`: the target's (embed, lm_head), already loaded, for several drafts)."""
     import torch
     import yaml
 
@@ -140,7 +143,7 @@ def load_draft(
     from pipeline.train.model import DraftSpec, load_target_head
 
     path = Path(path)
-    embed, head = load_target_head(target_dir)
+    embed, head = target_head or load_target_head(target_dir)
     ckpt = _checkpoint_dir(path)
     train_config = None
     export_dir = None

@@ -152,7 +152,7 @@ def compare_with_vllm(
 
     import torch
 
-    from pipeline.evaluate.offline import build_tables, walk_tables
+    from pipeline.evaluate.offline import build_tables, tau, walk_tables
     from pipeline.train.vllm_check import decode
 
     started = time.perf_counter()
@@ -184,7 +184,7 @@ def compare_with_vllm(
         vllm_position_rate=[
             c / run.num_drafts if run.num_drafts else float("nan") for c in per_pos
         ],
-        offline_tau=1.0 + float(rounds.accepted.float().mean()),
+        offline_tau=tau(accepted=rounds.accepted),
         offline_rounds=rounds.num_rounds,
         offline_position_rate=offline_rate,
         tolerance=tolerance,

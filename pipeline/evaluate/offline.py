@@ -30,7 +30,7 @@ from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.evaluate.drafting import Drafter
+    from pipeline.evaluate.drafting import DraftBlocks, Drafter
     from pipeline.shards.reader import TrainingSample
 
 
@@ -227,6 +227,25 @@ class AnchorTable:
     sample_id: str = ""
 
 
+ANCHORS_PER_CALL = 64  # bounds the (anchors, block, vocab) logits of one call
+
+
+def draft_in_chunks(drafter: Drafter, sample: TrainingSample, anchors: torch.Tensor) -> DraftBlocks:
+    """`drafter.draft` over `anchors`, ANCHORS_PER_CALL at a time (a real vocabulary
+    makes every anchor's block logits large: 500 anchors x 16 x 152k floats is 5 GB)."""
+    import torch
+
+    from pipeline.evaluate.drafting import DraftBlocks
+
+    parts = [drafter.draft(sample, a) for a in anchors.split(ANCHORS_PER_CALL)]
+    conf = [p.confidence_logit for p in parts]
+    return DraftBlocks(
+        anchors=anchors,
+        tokens=torch.cat([p.tokens for p in parts]),
+        confidence_logit=None if any(c is None for c in conf) else torch.cat(conf),
+    )
+
+
 def anchor_table(sample: TrainingSample, drafter: Drafter) -> AnchorTable | None:
     """Draft at every answer position of `sample`; None if the answer has < 2 tokens."""
     import torch
@@ -237,7 +256,7 @@ def anchor_table(sample: TrainingSample, drafter: Drafter) -> AnchorTable | None
         return None
     n = drafter.num_draft_tokens
     anchors = torch.arange(start, t - 1)
-    blocks = drafter.draft(sample, anchors)
+    blocks = draft_in_chunks(drafter, sample, anchors)
     pos = anchors[:, None] + 1 + torch.arange(n)  # (A, n)
     valid = pos < t
     truth = sample.input_ids[pos.clamp(max=t - 1)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 
@@ -27,10 +26,9 @@ def _ci(interval) -> str:
 
 
 def write_json(report: dict, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    from pipeline.storage import write_text_atomic
+
+    return write_text_atomic(path, json.dumps(report, indent=2) + "\n")
 
 
 def domains_of(report: dict) -> list[str]:

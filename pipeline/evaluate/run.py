@@ -36,6 +36,12 @@ class EvalResult:
     markdown_path: Path
     plots: dict[str, Path]
 
+    @property
+    def ok(self) -> bool:
+        """False when the vLLM cross-check ran and fell outside its tolerance."""
+        v = self.report.get("vllm")
+        return not v or bool(v["within_tolerance"])
+
     def lines(self) -> list[str]:
         from pipeline.evaluate.report import tau_table
 
@@ -221,17 +227,25 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
     from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
     from pipeline.evaluate.report import write_report
     from pipeline.targets.toy import resolve_model
+    from pipeline.train.model import load_target_head
 
     started = time.monotonic()
     target_dir = Path(resolve_model(config.target))
-    loaded, train_configs = {}, {}
+    loaded, train_configs, by_source = {}, {}, {}
+    target_head = load_target_head(target_dir)  # embeddings and lm_head, shared by every draft
     for entry in config.drafts:
         if entry.path is None:
             continue
-        draft = load_draft(
-            entry.path, target_dir=target_dir, untrained=entry.untrained, seed=config.seed
-        )
-        loaded[entry.name] = draft
+        key = (str(entry.path), entry.untrained)  # rows may share one draft (use_heads)
+        if key not in by_source:
+            by_source[key] = load_draft(
+                entry.path,
+                target_dir=target_dir,
+                untrained=entry.untrained,
+                seed=config.seed,
+                target_head=target_head,
+            )
+        draft = loaded[entry.name] = by_source[key]
         if draft.train_config is not None and not entry.untrained:
             train_configs[entry.name] = draft.train_config
     samples, data_info = load_heldout(
@@ -327,10 +341,13 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
         "data": data_info,
         "drafts": drafts,
     }
-    if config.vllm is not None:
-        report["vllm"] = vllm_check(config, loaded, drafters, samples, target_dir).to_dict()
     report["seconds"] = round(time.monotonic() - started, 1)
     json_path, md_path, plots = write_report(report, Path(config.out_dir))
+    if config.vllm is not None:
+        # Written first: a failed engine start must not lose the offline and live results.
+        report["vllm"] = vllm_check(config, loaded, drafters, samples, target_dir).to_dict()
+        report["seconds"] = round(time.monotonic() - started, 1)
+        json_path, md_path, plots = write_report(report, Path(config.out_dir))
     return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
 
 

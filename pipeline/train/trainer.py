@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
+from pipeline.storage import write_text_atomic
 from pipeline.threads import torch_threads
 from pipeline.train.config import TrainConfig
 
@@ -75,15 +76,6 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return path
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(
     out_dir: Path, step: int, state: dict[str, Any], spec_json: str, config_yaml: str
 ) -> Path:
@@ -101,7 +93,7 @@ def save_checkpoint(
     (tmp / "config.yaml").write_text(config_yaml)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    _write_atomic(root / LATEST, final.name)
+    write_text_atomic(root / LATEST, final.name)
     return final
 
 
@@ -415,7 +407,7 @@ def run_worker(
         heldout = {}
         if step >= config.num_steps:
             heldout = evaluate_heldout(model, data, spec, config, device)
-        _write_atomic(
+        write_text_atomic(
             out_dir / "summary.json", json.dumps({"steps": step, "heldout": heldout}, indent=2)
         )
 
@@ -490,7 +482,7 @@ def _truncate_metrics(out_dir: Path, step: int) -> None:
         for line in path.read_text().splitlines()
         if line.strip() and json.loads(line)["step"] <= step
     ]
-    _write_atomic(path, "".join(r + "\n" for r in rows))
+    write_text_atomic(path, "".join(r + "\n" for r in rows))
 
 
 def summary_lines(result: TrainResult) -> list[str]:
