@@ -102,6 +102,10 @@ class RegenerateReplica:
 
         return regenerate_unit(self.backend, self.tokenizer, unit, spec)
 
+    def close(self) -> None:
+        """Stop the engine and remove its capture spool (ray.kill alone runs no finalizer)."""
+        self.backend.close()
+
 
 # --------------------------------------------------------------------------- provenance
 
@@ -237,7 +241,7 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
-    from pipeline.replica import init_ray, start_actors
+    from pipeline.replica import close_replicas, init_ray, start_actors
     from pipeline.shards.manifest import Dataset
 
     started = time.monotonic()
@@ -328,8 +332,7 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
             committer.flush()
         finally:
             progress.close()
-            for actor in actors:
-                ray.kill(actor)
+            close_replicas(actors)
     summary.version = committer.version
     summary.seconds = time.monotonic() - started
     if summary.units_failed:

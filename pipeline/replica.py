@@ -17,6 +17,8 @@ from pipeline.targets.base import Generation, GenerationRequest
 
 log = logging.getLogger(__name__)
 
+RAY_NAMESPACE = "dspark-targets"
+
 
 class TargetReplica:
     """Body of the replica actor (wrapped with `ray.remote` in `start_replicas`)."""
@@ -48,7 +50,13 @@ def init_ray(config: RayConfig) -> None:
         return
     import os
 
-    kwargs: dict[str, Any] = {"log_to_driver": True, "logging_level": logging.WARNING}
+    # One namespace, so named replicas are visible across drivers (an operator's
+    # `ray.get_actor`, a second run under the same name failing fast).
+    kwargs: dict[str, Any] = {
+        "log_to_driver": True,
+        "logging_level": logging.WARNING,
+        "namespace": RAY_NAMESPACE,
+    }
     if config.address:
         kwargs["address"] = config.address
     elif os.environ.get("RAY_ADDRESS"):
@@ -121,3 +129,17 @@ def start_actors(
 def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
     """Start generation-only replica actors (`TargetReplica`)."""
     return start_actors(TargetReplica, target, replicas)
+
+
+def close_replicas(actors: Sequence[Any], timeout_s: float = 60.0) -> None:
+    """Close each replica's engine (its spool directory goes with it), then kill the actor.
+
+    A replica that is dead or does not answer within `timeout_s` is killed anyway."""
+    import ray
+
+    pending = [actor.close.remote() for actor in actors]
+    try:
+        ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
