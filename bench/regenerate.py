@@ -107,10 +107,12 @@ class TimedBackend:
 
 def build_unit(num_prompts: int):
     from pipeline.corpus.records import Conversation
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
-    from pipeline.units import WorkUnit
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
+    from pipeline.regenerate.units import WorkUnit
 
-    spec = SyntheticSpec(num_conversations=num_prompts, seed=CORPUS_SEED, multi_turn_fraction=0.0)
+    spec = SyntheticCorpusConfig(
+        num_conversations=num_prompts, seed=CORPUS_SEED, multi_turn_fraction=0.0
+    )
     convs = [
         Conversation(c["id"], "bench", c["domain"], tuple(c["messages"]), f"bench:{i}")
         for i, c in enumerate(generate(spec))
@@ -163,11 +165,11 @@ def run_target(name: str, args, log: list[str]) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from pipeline.config import GenerationConfig, TargetConfig
-    from pipeline.regenerate_unit import UnitSpec, regenerate_unit
+    from pipeline.regenerate.unit import UnitSpec, regenerate_unit
     from pipeline.render import first_prompt, render_prompt
     from pipeline.targets.base import GenerationRequest
-    from pipeline.targets.toy import build_toy_target
+    from pipeline.targets.config import GenerationConfig, TargetConfig
+    from pipeline.toy.target import build_toy_target
 
     model_dir = str(build_toy_target(name))
     tok = AutoTokenizer.from_pretrained(model_dir)

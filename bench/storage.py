@@ -264,7 +264,7 @@ def file_figures(
 def toy_hidden_states(num_conversations: int = 48) -> tuple[list, list, tuple[int, ...]] | None:
     """Hidden states of the trained toy target on synthetic conversations, if it is built."""
     try:
-        from pipeline.targets.toy import toy_target_dir
+        from pipeline.toy.target import toy_target_dir
     except ImportError:
         print("note: pipeline.targets.toy is not available; skipping the toy-target figures")
         return None
@@ -277,7 +277,7 @@ def toy_hidden_states(num_conversations: int = 48) -> tuple[list, list, tuple[in
         return None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
@@ -285,7 +285,7 @@ def toy_hidden_states(num_conversations: int = 48) -> tuple[list, list, tuple[in
     layers = tuple(range(1, num_layers))  # aux ids 1..L-1: streams after 1..L-1 layers
     hidden, last = [], []
     with torch.no_grad():
-        for conv in generate(SyntheticSpec(num_conversations=num_conversations)):
+        for conv in generate(SyntheticCorpusConfig(num_conversations=num_conversations)):
             enc = tok.apply_chat_template(conv["messages"], tokenize=True, return_dict=True)
             ids = torch.tensor([enc["input_ids"]])
             states = model(ids, output_hidden_states=True).hidden_states  # L+1 x (1, T, H)

@@ -6,7 +6,7 @@ P5 = reader samples/s / trainer samples/s on the same machine (goal >= 10):
 how far ahead the data path runs of the model, i.e. whether streaming shards
 can ever starve training. Both single-threaded (torch and zstd), on the
 trained toy target's reference shards (HF capture, aux ids [1, 2, 3], bf16
-codec) and the toy DSpark draft of jobs/configs/train-toy.yaml:
+codec) and the toy DSpark draft of pipeline/toy/configs/train-toy.yaml:
 
 * reader: `ShardReader(uri, prefetch=0)` over every sample (read + decode),
   median of 3 passes;
@@ -32,6 +32,8 @@ from pathlib import Path
 
 from results_file import merge_results, write_section  # bench/ is sys.path[0]
 
+from pipeline.toy import CONFIG_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,10 +47,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from pipeline.shards.reader import ShardReader
+    from pipeline.toy.reference_shards import write_reference_shards
     from pipeline.train.config import load_train_config
     from pipeline.train.data import TrainingData, iter_batches
     from pipeline.train.model import resolve_spec
-    from pipeline.train.toy_shards import write_reference_shards
     from pipeline.train.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
@@ -63,7 +65,7 @@ def main() -> None:
         reader = statistics.median(rates)
 
         config = load_train_config(
-            ROOT / "jobs" / "configs" / "train-toy.yaml",
+            CONFIG_DIR / "train-toy.yaml",
             overrides={
                 "data.uri": str(uri),
                 "out_dir": f"{tmp}/run",
@@ -107,7 +109,7 @@ def main() -> None:
             "## Training throughput (bench/train.py, key P5)",
             "",
             f"Trained toy target reference shards ({args.conversations} conversations, bf16), toy DSpark "
-            f"draft of jobs/configs/train-toy.yaml ({spec.num_layers} layers, block {spec.block_size}, "
+            f"draft of pipeline/toy/configs/train-toy.yaml ({spec.num_layers} layers, block {spec.block_size}, "
             f"batch {config.global_batch_size}), {args.steps} steps, one thread, "
             f"{platform.processor() or platform.machine()}, load average {load:.2f}.",
             "",
@@ -124,7 +126,7 @@ def main() -> None:
 
 
 def _target_dir(name: str) -> str:
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import resolve_model
 
     return resolve_model(name)
 

@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python -m jobs.evaluate --config jobs/configs/eval-toy.yaml`
+"""`ray job submit --working-dir . -- python -m jobs.evaluate --config pipeline/toy/configs/eval-toy.yaml`
 
 Thin entrypoint: parse, set up logging, run the evaluation stage (offline
 T=0 tau per domain, calibration, live loop, optional vLLM cross-check),
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
-    from pipeline.cli_support import parse_overrides, run_and_report
+    from pipeline.config import parse_overrides
+    from pipeline.errors import run_and_report
     from pipeline.evaluate.config import load_eval_config
     from pipeline.evaluate.run import run_evaluation
     from pipeline.logs import setup_logging

@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python -m jobs.regenerate --config jobs/configs/toy.yaml`
+"""`ray job submit --working-dir . -- python -m jobs.regenerate --config pipeline/toy/configs/toy.yaml`
 
 Thin entrypoint: parse, set up logging, run the regeneration stage, print the
 summary, exit non-zero on failure. The same code runs from `dspark-targets
@@ -24,10 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
-    from pipeline.cli_support import parse_overrides, run_and_report
-    from pipeline.config import load_config
+    from pipeline.config import parse_overrides
+    from pipeline.errors import run_and_report
     from pipeline.logs import setup_logging
-    from pipeline.regenerate import run_regenerate
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.run import run_regenerate
 
     setup_logging(args.verbose)
 

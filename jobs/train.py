@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python -m jobs.train --config jobs/configs/train-toy.yaml`
+"""`ray job submit --working-dir . -- python -m jobs.train --config pipeline/toy/configs/train-toy.yaml`
 
 Thin entrypoint: parse, set up logging, train (Ray Train when the config asks
 for more than one worker), export, print the summary, exit non-zero on
@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
-    from pipeline.cli_support import parse_overrides, run_and_report
+    from pipeline.config import parse_overrides
+    from pipeline.errors import run_and_report
     from pipeline.logs import setup_logging
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import summary_lines, train

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import click
 
-from pipeline.config import ConfigError
-from pipeline.errors import PipelineError
+from pipeline.errors import KNOWN_ERRORS
 
 CONFIG_OPTION = click.option(
     "--config",
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
-    help="YAML config (see jobs/configs/).",
+    help="YAML config (examples: jobs/configs/, pipeline/toy/configs/).",
 )
 SET_OPTION = click.option(
     "--set",
@@ -36,7 +35,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except (ConfigError, FileNotFoundError, ValueError, PipelineError) as err:
+        except KNOWN_ERRORS as err:
             if ctx.params.get("verbose"):
                 raise
             click.secho(f"error: {err}", fg="red", err=True)
@@ -70,9 +69,9 @@ def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
 
     Resumable: a rerun skips the units the dataset already holds.
     """
-    from pipeline.cli_support import parse_overrides
-    from pipeline.config import load_config
-    from pipeline.regenerate import run_regenerate
+    from pipeline.config import parse_overrides
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.run import run_regenerate
 
     config = load_config(config_path, overrides=parse_overrides(list(overrides)))
     for line in run_regenerate(config).lines():
@@ -84,7 +83,7 @@ def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
 @SET_OPTION
 def train(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Train a DSpark draft from committed shards and export it for vLLM."""
-    from pipeline.cli_support import parse_overrides
+    from pipeline.config import parse_overrides
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import summary_lines
     from pipeline.train.trainer import train as run_train
@@ -101,7 +100,7 @@ def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
 
     Exits 1 if the vLLM cross-check (when configured) falls outside its tolerance.
     """
-    from pipeline.cli_support import parse_overrides
+    from pipeline.config import parse_overrides
     from pipeline.evaluate.config import load_eval_config
     from pipeline.evaluate.run import run_evaluation
 
@@ -182,8 +181,8 @@ def gc(uri: str, delete: bool, min_age_hours: float, endpoint_url: str | None) -
 @CONFIG_OPTION
 def plan(config_path: Path) -> None:
     """Validate a config and print it resolved, with the resources it will ask Ray for."""
-    from pipeline.config import dump_config, load_config
     from pipeline.plan import describe_resources
+    from pipeline.regenerate.config import dump_config, load_config
 
     config = load_config(config_path)
     click.echo(dump_config(config).rstrip())
@@ -209,9 +208,9 @@ def demo(out: Path, num_conversations: int | None) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 def corpus(out: Path, num_conversations: int, seed: int) -> None:
     """Write the synthetic multi-domain corpus as JSONL and Parquet."""
-    from pipeline.corpus.synthetic import SyntheticSpec, write_corpus
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, write_corpus
 
-    paths = write_corpus(SyntheticSpec(num_conversations=num_conversations, seed=seed), out)
+    paths = write_corpus(SyntheticCorpusConfig(num_conversations=num_conversations, seed=seed), out)
     for path in paths:
         click.echo(str(path))
 
@@ -223,12 +222,12 @@ def toy_target(name: str, report: bool) -> None:
     """Build (or find cached) a toy target model and print its directory."""
     import json
 
-    from pipeline.targets.toy import build_toy_target
+    from pipeline.toy.target import build_toy_target
 
     model_dir = build_toy_target(name)
     click.echo(str(model_dir))
     if report:
-        from pipeline.targets.toy_quality import quality_report
+        from pipeline.toy.quality import quality_report
 
         click.echo(json.dumps(quality_report(model_dir), indent=2))
 

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 from pipeline.logs import kv
+from pipeline.toy import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "jobs" / "configs" / "toy.yaml"
+DEFAULT_CONFIG = CONFIG_DIR / "toy.yaml"
 
 
 def run_demo(
@@ -33,11 +34,11 @@ def run_demo(
 ) -> dict:
     from rich.console import Console
 
-    from pipeline.config import load_config
-    from pipeline.corpus.synthetic import SyntheticSpec, write_corpus
-    from pipeline.regenerate import run_regenerate
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, write_corpus
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.run import run_regenerate
     from pipeline.shards.tools import inspect_dataset
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import resolve_model
 
     console = Console()
     overrides: dict = {"output.uri": str(out_dir / "dataset")}
@@ -53,7 +54,7 @@ def run_demo(
     console.rule("[bold]2. synthetic corpus")
     syn = config.corpus.synthetic
     assert syn is not None, "the demo config uses the synthetic corpus"
-    spec = SyntheticSpec(
+    spec = SyntheticCorpusConfig(
         syn.num_conversations, syn.seed, syn.multi_turn_fraction, tuple(syn.domains)
     )
     console.print("wrote " + ", ".join(str(p) for p in write_corpus(spec, out_dir / "corpus")))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.config import PipelineConfig
+from pipeline.regenerate.config import PipelineConfig
 
 
 def describe_resources(config: PipelineConfig) -> str:

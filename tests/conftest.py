@@ -13,14 +13,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def trained_target_dir() -> Path:
     """The trained toy target (built once per cache; ~4 min on two cores the first time)."""
-    from pipeline.targets.toy import build_toy_target
+    from pipeline.toy.target import build_toy_target
 
     return build_toy_target("trained")
 
 
 @pytest.fixture(scope="session")
 def random_target_dir(tmp_path_factory) -> Path:
-    from pipeline.targets.toy import build_toy_target
+    from pipeline.toy.target import build_toy_target
 
     return build_toy_target("random", tmp_path_factory.mktemp("toycache"))
 

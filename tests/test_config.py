@@ -2,13 +2,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, dump_config, load_config, parse_config
+from pipeline.config import ConfigError
+from pipeline.regenerate.config import dump_config, load_config, parse_config
+from pipeline.toy import CONFIG_DIR
 
 # Pipeline configs; train-*.yaml / eval-*.yaml belong to the training and evaluation
 # stages (tests/train and tests/evaluate check them).
 CONFIGS = sorted(
     p
-    for p in (Path(__file__).resolve().parent.parent / "jobs" / "configs").glob("*.yaml")
+    for folder in (Path(__file__).resolve().parent.parent / "jobs" / "configs", CONFIG_DIR)
+    for p in folder.glob("*.yaml")
     if not p.name.startswith(("train-", "eval-"))
 )
 

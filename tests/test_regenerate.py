@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from pipeline.config import parse_config
 from pipeline.corpus.ingest import load_corpus
-from pipeline.regenerate import run_regenerate
+from pipeline.regenerate.config import parse_config
+from pipeline.regenerate.run import run_regenerate
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 
@@ -91,7 +91,7 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
 
 
 def _replica_pid(ray, config, index):
-    from pipeline.regenerate import replica_name_prefix
+    from pipeline.regenerate.run import replica_name_prefix
 
     return ray.get(ray.get_actor(f"{replica_name_prefix(config)}-{index}").ready.remote())
 

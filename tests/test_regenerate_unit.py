@@ -4,14 +4,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from pipeline.config import GenerationConfig, TargetConfig
 from pipeline.corpus.records import Conversation, conversation_hash, sample_id
-from pipeline.regenerate_unit import UnitSpec, errors_key, regenerate_unit
+from pipeline.regenerate.unit import UnitSpec, errors_key, regenerate_unit
+from pipeline.regenerate.units import plan_units
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.shards.schema import Provenance
+from pipeline.targets.config import GenerationConfig, TargetConfig
 from pipeline.targets.hf_backend import HFTarget
-from pipeline.units import plan_units
 
 
 def _conv(messages, location):

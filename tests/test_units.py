@@ -1,5 +1,5 @@
 from pipeline.corpus.records import Conversation, conversation_hash
-from pipeline.units import num_buckets_for, plan_units, run_fingerprint
+from pipeline.regenerate.units import num_buckets_for, plan_units, run_fingerprint
 
 
 def _convs(n, start=0):

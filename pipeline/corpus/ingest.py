@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pipeline.config import CorpusConfig, CorpusSourceConfig
+from pipeline.corpus.config import CorpusConfig, CorpusSourceConfig
 from pipeline.corpus.formats import MalformedRow, to_messages
 from pipeline.corpus.records import Conversation, RowError, conversation_hash
 from pipeline.logs import kv
@@ -56,16 +56,10 @@ def _source_rows(
 ) -> Iterator[tuple[str, str, dict | None, str | None, CorpusSourceConfig | None]]:
     """(source name, location, row or None, parse error, source config) for every row."""
     if config.synthetic is not None:
-        from pipeline.corpus.synthetic import SyntheticSpec, generate
+        from pipeline.corpus.synthetic import generate
 
         syn = config.synthetic
-        spec = SyntheticSpec(
-            num_conversations=syn.num_conversations,
-            seed=syn.seed,
-            multi_turn_fraction=syn.multi_turn_fraction,
-            domains=tuple(syn.domains),
-        )
-        for index, conv in enumerate(generate(spec)):
+        for index, conv in enumerate(generate(syn)):
             yield f"synthetic-s{syn.seed}", f"synthetic:{syn.seed}#{index}", conv, None, None
     from pipeline.corpus.sources import read_rows, source_name
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import CorpusSourceConfig
+from pipeline.corpus.config import CorpusSourceConfig
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.zst", ".jsonl.gz")
 PARQUET_SUFFIXES = (".parquet",)

@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from pydantic import Field, field_validator
+
+from pipeline.config import ConfigModel
+
 Message = dict[str, str]
 Conversation = dict[str, object]
 
@@ -491,20 +495,23 @@ DOMAINS: dict[str, Callable[[random.Random, int], Turns]] = {
 # --------------------------------------------------------------------------- corpus
 
 
-@dataclass(frozen=True)
-class SyntheticSpec:
-    num_conversations: int
+class SyntheticCorpusConfig(ConfigModel):
+    """The synthetic corpus as a config section (`corpus.synthetic`) and as a call argument."""
+
+    num_conversations: int = Field(gt=0)
     seed: int = 0
-    multi_turn_fraction: float = 0.3
-    # Empty: all domains, round-robin so every domain gets its share.
+    # Share of conversations with more than one assistant turn.
+    multi_turn_fraction: float = Field(0.3, ge=0.0, le=1.0)
+    # Restrict to some domains; empty: all, round-robin so every domain gets its share.
     domains: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        if self.num_conversations <= 0:
-            raise ValueError(f"num_conversations must be > 0, got {self.num_conversations}")
-        unknown = set(self.domains) - set(DOMAINS)
+    @field_validator("domains")
+    @classmethod
+    def _known_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(value) - set(DOMAINS))
         if unknown:
-            raise ValueError(f"unknown domains {sorted(unknown)}; known: {sorted(DOMAINS)}")
+            raise ValueError(f"unknown domains {unknown}; known: {sorted(DOMAINS)}")
+        return value
 
 
 def conversation_id(messages: list[Message]) -> str:
@@ -513,7 +520,7 @@ def conversation_id(messages: list[Message]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def generate(spec: SyntheticSpec) -> Iterator[Conversation]:
+def generate(spec: SyntheticCorpusConfig) -> Iterator[Conversation]:
     """Yield conversations `{"id", "domain", "messages"}` in a deterministic order."""
     domains = list(spec.domains or DOMAINS)
     for index in range(spec.num_conversations):
@@ -530,7 +537,7 @@ def generate(spec: SyntheticSpec) -> Iterator[Conversation]:
         yield {"id": conversation_id(messages), "domain": domain, "messages": messages}
 
 
-def write_corpus(spec: SyntheticSpec, out_dir: str | Path) -> list[Path]:
+def write_corpus(spec: SyntheticCorpusConfig, out_dir: str | Path) -> list[Path]:
     """Write `corpus.jsonl` and `corpus.parquet` (same rows) into `out_dir`."""
     import pyarrow as pa
     import pyarrow.parquet as pq

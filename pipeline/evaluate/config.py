@@ -11,16 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from pipeline.config import load_model_yaml, parse_model
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from pipeline.config import ConfigModel, load_model_yaml, parse_model
 
 
-class EvalDataConfig(_Model):
+class EvalDataConfig(ConfigModel):
     """Which samples to evaluate on: the held-out split of a committed dataset version."""
 
     # Dataset root (local or s3://); None: the training data of the first trained draft.
@@ -36,7 +32,7 @@ class EvalDataConfig(_Model):
     max_samples: int | None = Field(None, gt=0)
 
 
-class DraftEntry(_Model):
+class DraftEntry(ConfigModel):
     """One draft to evaluate (a row of the report)."""
 
     name: str = Field(min_length=1)
@@ -59,7 +55,7 @@ class DraftEntry(_Model):
         return self
 
 
-class LiveConfig(_Model):
+class LiveConfig(ConfigModel):
     """The live loop with rejection sampling (temperatures > 0), HF reference target."""
 
     temperatures: list[float] = Field(default_factory=lambda: [1.0])
@@ -78,7 +74,7 @@ class LiveConfig(_Model):
         return self
 
 
-class CalibrationConfig(_Model):
+class CalibrationConfig(ConfigModel):
     """Confidence head: ECE/AUC, sequential temperature scaling, truncation thresholds."""
 
     enabled: bool = True
@@ -90,7 +86,7 @@ class CalibrationConfig(_Model):
     thresholds: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
 
 
-class VllmCheckConfig(_Model):
+class VllmCheckConfig(ConfigModel):
     """Serve a draft with vLLM and compare its acceptance counters to the offline tau (T=0)."""
 
     # Name of a draft in `drafts`. vLLM's CPU build runs dflash and eagle3: a DSpark
@@ -107,7 +103,7 @@ class VllmCheckConfig(_Model):
     timeout_s: float = Field(900, gt=0)
 
 
-class EvalConfig(_Model):
+class EvalConfig(ConfigModel):
     """A whole evaluation run."""
 
     # The target (HF directory, hub name or `toy:<name>`): the drafts' verifier.

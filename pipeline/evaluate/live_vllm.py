@@ -99,9 +99,9 @@ def capture_samples(
     """Samples (fp32 features) of the given trajectories, captured by the HF reference."""
     import torch
 
-    from pipeline.config import TargetConfig
     from pipeline.shards.reader import TrainingSample
     from pipeline.targets.base import Generation
+    from pipeline.targets.config import TargetConfig
     from pipeline.targets.hf_backend import HFTarget
 
     target = HFTarget(

@@ -226,7 +226,7 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
     from pipeline.evaluate.drafting import Drafter, load_draft, make_drafter
     from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
     from pipeline.evaluate.report import write_report
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import resolve_model
     from pipeline.train.model import load_target_head
 
     started = time.monotonic()

@@ -76,7 +76,7 @@ class HFVerifier:
     """
 
     def __init__(self, model_dir: str, aux_layer_ids: Sequence[int], dtype: str = "float32"):
-        from pipeline.config import TargetConfig
+        from pipeline.targets.config import TargetConfig
         from pipeline.targets.hf_backend import HFTarget
 
         self.target = HFTarget(

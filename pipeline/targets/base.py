@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-from pipeline.config import GenerationConfig
+from pipeline.targets.config import GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -80,20 +80,6 @@ class CapturingBackend(TargetBackend, Protocol):
     ) -> list[CapturedGeneration]:
         """Answer every request and return its hidden states; results in request order."""
         ...
-
-
-def default_aux_layer_ids(num_layers: int, num_layers_captured: int = 5) -> tuple[int, ...]:
-    """DFlash/DSpark spacing: target layers evenly from 1 to L-3, as aux ids (+1).
-
-    36 layers -> target layers [1, 9, 17, 25, 33] -> aux ids [2, 10, 18, 26, 34].
-    Shallow targets (L < 8) take every layer from 1 to L-1 instead.
-    """
-    if num_layers < 8:
-        return tuple(range(1, num_layers))
-    start, end = 1, num_layers - 3
-    k = num_layers_captured
-    layers = sorted({round(start + i * (end - start) / (k - 1)) for i in range(k)})
-    return tuple(layer + 1 for layer in layers)
 
 
 def request_seed(base_seed: int, request_id: str) -> int:

@@ -240,11 +240,10 @@ def load_final_norm(model_dir: str, revision: str | None = None) -> tuple[torch.
     from pathlib import Path
 
     from safetensors import safe_open
-    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir, revision=revision)
-    text_config = getattr(config, "text_config", config)
-    eps = float(text_config.rms_norm_eps)
+    from pipeline.targets.resolve import text_config
+
+    eps = float(text_config(model_dir, revision).rms_norm_eps)
 
     def fetch(filename: str) -> str | None:
         """A local path of the checkpoint file, or None when the checkpoint has no such file."""

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config import GenerationConfig, TargetConfig
-from pipeline.targets.base import (
-    CapturedGeneration,
-    Generation,
-    GenerationRequest,
-    default_aux_layer_ids,
-    request_seed,
-)
+from pipeline.targets.base import CapturedGeneration, Generation, GenerationRequest, request_seed
+from pipeline.targets.config import GenerationConfig, TargetConfig
+from pipeline.targets.resolve import shape_of
 
 
 class HFTarget:
@@ -30,10 +25,9 @@ class HFTarget:
         ).eval()
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        num_layers = self.model.config.num_hidden_layers
-        self.aux_layer_ids = tuple(config.aux_layer_ids or default_aux_layer_ids(num_layers))
-        check_aux_layer_ids(self.aux_layer_ids, num_layers, model_dir)
-        self.hidden_size = self.model.config.hidden_size
+        text = getattr(self.model.config, "text_config", self.model.config)
+        shape = shape_of(text.num_hidden_layers, text.hidden_size, config.aux_layer_ids, model_dir)
+        self.aux_layer_ids, self.hidden_size = shape.aux_layer_ids, shape.hidden_size
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
@@ -90,16 +84,6 @@ class HFTarget:
 
     def close(self) -> None:
         del self.model
-
-
-def check_aux_layer_ids(aux_ids: Sequence[int], num_layers: int, model: str) -> None:
-    """Aux ids name streams after 0..L-1 layers; the final (normed) state is captured apart."""
-    bad = [a for a in aux_ids if not 0 <= a < num_layers]
-    if bad:
-        raise ValueError(
-            f"target {model}: aux_layer_ids {bad} out of range for {num_layers} layers "
-            f"(valid: 0..{num_layers - 1}; the final hidden state is always captured separately)"
-        )
 
 
 def _sample(logits, params: GenerationConfig, generator) -> int:

@@ -22,15 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import GenerationConfig, TargetConfig
 from pipeline.logs import kv
-from pipeline.targets.base import (
-    CapturedGeneration,
-    Generation,
-    GenerationRequest,
-    default_aux_layer_ids,
-    request_seed,
-)
+from pipeline.targets.base import CapturedGeneration, Generation, GenerationRequest, request_seed
+from pipeline.targets.config import GenerationConfig, TargetConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +68,13 @@ class VLLMTarget:
     def _setup_capture(self, config: TargetConfig, model_dir: str, kwargs: dict[str, Any]) -> None:
         """Capture engine arguments, layer ids, the final norm and this engine's spool dir."""
         import torch
-        from transformers import AutoConfig
 
         from pipeline.targets import capture
-        from pipeline.targets.hf_backend import check_aux_layer_ids
+        from pipeline.targets.resolve import target_shape
 
-        hf_config = AutoConfig.from_pretrained(model_dir, revision=config.revision)
-        text_config = getattr(hf_config, "text_config", hf_config)
-        num_layers = text_config.num_hidden_layers
-        self.aux_layer_ids = tuple(config.aux_layer_ids or default_aux_layer_ids(num_layers))
-        check_aux_layer_ids(self.aux_layer_ids, num_layers, model_dir)
-        self.hidden_size = int(text_config.hidden_size)
+        shape = target_shape(config, model_dir)
+        num_layers = shape.num_layers
+        self.aux_layer_ids, self.hidden_size = shape.aux_layer_ids, shape.hidden_size
         self.dtype = getattr(torch, config.dtype)
         norm_weight, self.norm_eps = capture.load_final_norm(model_dir, config.revision)
         self.norm_weight = norm_weight.to(self.dtype)

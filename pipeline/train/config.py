@@ -11,17 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from pipeline.config import load_model_yaml, parse_model
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
 
 
-class DraftConfig(_Model):
+class DraftConfig(ConfigModel):
     """The draft architecture (DESIGN.md §6). Unset sizes copy the target's."""
 
     # dspark: DFlash backbone + Markov logit-bias head + confidence head.
@@ -85,7 +80,7 @@ class DraftConfig(_Model):
         return self
 
 
-class LossConfig(_Model):
+class LossConfig(ConfigModel):
     """Weights of `0.1 CE + 0.9 TV + 1.0 BCE (+ KL)`; None picks the kind's default
     (dspark: 0.1/0.9/1.0, dflash: CE only, eagle3: forward KL to the target only)."""
 
@@ -119,7 +114,7 @@ class LossConfig(_Model):
         return 1.0 if kind == "eagle3" else 0.0
 
 
-class TrainDataConfig(_Model):
+class TrainDataConfig(ConfigModel):
     """Which committed dataset version to stream, and how samples become blocks."""
 
     # Dataset root: local directory or s3://bucket/prefix.
@@ -142,7 +137,7 @@ class TrainDataConfig(_Model):
     split: Literal["samples", "shards"] = "samples"
 
 
-class OptimConfig(_Model):
+class OptimConfig(ConfigModel):
     """AdamW with linear warmup and cosine decay (DSpark reference: lr 6e-4, 4% warmup)."""
 
     lr: float = Field(6e-4, gt=0.0)
@@ -154,7 +149,7 @@ class OptimConfig(_Model):
     grad_clip: float = Field(1.0, gt=0.0)
 
 
-class ExportConfig(_Model):
+class ExportConfig(ConfigModel):
     """What to export after training (speculators format, DESIGN.md §10)."""
 
     # Directory for the exported draft; None: <out_dir>/export.
@@ -163,14 +158,14 @@ class ExportConfig(_Model):
     dflash_backbone: bool = True
 
 
-class TrainRayConfig(_Model):
+class TrainRayConfig(ConfigModel):
     # None starts a local Ray; "auto" joins the cluster this process runs on.
     address: str | None = None
     num_cpus: int | None = Field(None, gt=0)
     num_cpus_per_worker: float = Field(1.0, gt=0.0)
 
 
-class TrainConfig(_Model):
+class TrainConfig(ConfigModel):
     """A whole training run."""
 
     # Target model: local HF directory, hub name, or `toy:<name>`. Its embeddings
@@ -220,4 +215,4 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
 
 
 def dump_train_config(config: TrainConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return dump_yaml(config)

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "train-toy.yaml"
+from pipeline.toy import CONFIG_DIR
+
+DEMO_CONFIG = CONFIG_DIR / "train-toy.yaml"
 EAGLE3_CONFIG = DEMO_CONFIG.with_name("train-toy-eagle3.yaml")
 
 
@@ -32,8 +34,8 @@ def train_demo_draft(
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
 
     from pipeline.shards.manifest import Dataset
+    from pipeline.toy.reference_shards import write_reference_shards
     from pipeline.train.config import load_train_config
-    from pipeline.train.toy_shards import write_reference_shards
     from pipeline.train.trainer import train
 
     if kind not in ("dspark", "eagle3"):
@@ -69,14 +71,14 @@ def train_demo_draft(
     if serve and served is not None:
         from transformers import AutoTokenizer
 
-        from pipeline.corpus.synthetic import SyntheticSpec, generate
+        from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
         from pipeline.render import first_prompt, render_prompt
-        from pipeline.targets.toy import resolve_model
+        from pipeline.targets.resolve import resolve_model
         from pipeline.train.vllm_check import speculative_check
 
         target_dir = resolve_model(config.target)
         tok = AutoTokenizer.from_pretrained(target_dir)
-        convs = list(generate(SyntheticSpec(num_conversations=num_prompts, seed=12345)))
+        convs = list(generate(SyntheticCorpusConfig(num_conversations=num_prompts, seed=12345)))
         prompts = [render_prompt(tok, first_prompt(c["messages"])) for c in convs]
         check = speculative_check(target_dir, served, prompts, max_tokens=96)
         summary["vllm"] = check.summary()

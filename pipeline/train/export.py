@@ -198,7 +198,7 @@ def export_checkpoint(
     """Export a trainer checkpoint (checkpoints/step-N) to `out` (+ `out`-dflash)."""
     import torch
 
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import resolve_model
 
     checkpoint = Path(checkpoint)
     spec = DraftSpec.from_json((checkpoint / "spec.json").read_text())

@@ -186,7 +186,7 @@ def run_worker(
     from transformers import AutoTokenizer
 
     from pipeline.prefetch import prefetched
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import resolve_model
     from pipeline.train.data import DataPosition, TrainingData, iter_batches
     from pipeline.train.eagle3 import build_draft
     from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize

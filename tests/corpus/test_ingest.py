@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 
-from pipeline.config import CorpusConfig
+from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.ingest import load_corpus
 from pipeline.corpus.records import sample_id
 

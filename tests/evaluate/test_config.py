@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pipeline.config import ConfigError
 from pipeline.evaluate.config import load_eval_config, parse_eval_config
+from pipeline.toy import CONFIG_DIR
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "eval-toy.yaml"
+EXAMPLE = CONFIG_DIR / "eval-toy.yaml"
 
 
 def test_example_config_parses_with_overrides():

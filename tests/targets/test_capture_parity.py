@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from pipeline.config import GenerationConfig, TargetConfig
-from pipeline.corpus.synthetic import SyntheticSpec, generate
+from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 from pipeline.render import answer_turns, assemble_row, prompt_messages, render_prompt
 from pipeline.targets.base import GenerationRequest
+from pipeline.targets.config import GenerationConfig, TargetConfig
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def cases(tok):
     """(request, prompt messages) for every conversation; multi-turn ones answer their last turn."""
     out = []
     convs = generate(
-        SyntheticSpec(num_conversations=NUM_CONVERSATIONS, seed=5, multi_turn_fraction=0.5)
+        SyntheticCorpusConfig(num_conversations=NUM_CONVERSATIONS, seed=5, multi_turn_fraction=0.5)
     )
     for index, conv in enumerate(convs):
         turn = answer_turns(conv["messages"], "last")[0]
@@ -64,7 +64,7 @@ def cases(tok):
 @pytest.fixture(scope="module")
 def engines(trained_target_dir, cases):
     """Capture engine, then plain engine (one at a time), same batch, greedy."""
-    from pipeline.targets import load_target
+    from pipeline.targets.resolve import load_target
 
     config = TargetConfig(
         model=str(trained_target_dir),

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.targets.toy import TOY_TARGETS, build_toy_target, toy_target_dir
-from pipeline.targets.toy_tokenizer import END_OF_TURN, MASK
+from pipeline.toy.target import TOY_TARGETS, build_toy_target, toy_target_dir
+from pipeline.toy.tokenizer import END_OF_TURN, MASK
 
 
 def test_build_is_deterministic_and_cached(random_target_dir, tmp_path):

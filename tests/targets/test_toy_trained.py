@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.targets.toy_quality import quality_report
+from pipeline.toy.quality import quality_report
 
 pytestmark = pytest.mark.slow
 
@@ -20,11 +20,11 @@ def _reference_ratios(tokenizer) -> dict[str, list[float]]:
     """Distinct-token ratios of the corpus' own answers, per domain."""
     from collections import defaultdict
 
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
-    from pipeline.targets.toy_quality import distinct_token_ratio
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
+    from pipeline.toy.quality import distinct_token_ratio
 
     ratios: dict[str, list[float]] = defaultdict(list)
-    for conv in generate(SyntheticSpec(num_conversations=600, seed=3)):
+    for conv in generate(SyntheticCorpusConfig(num_conversations=600, seed=3)):
         for msg in conv["messages"]:
             if msg["role"] == "assistant":
                 ids = tokenizer(msg["content"])["input_ids"] + [tokenizer.eos_token_id]

@@ -3,10 +3,11 @@
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline.config import GenerationConfig, ReplicaConfig, TargetConfig
-from pipeline.corpus.synthetic import SyntheticSpec, generate
+from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
+from pipeline.regenerate.config import ReplicaConfig
 from pipeline.render import first_prompt, render_prompt
 from pipeline.targets.base import GenerationRequest
+from pipeline.targets.config import GenerationConfig, TargetConfig
 from pipeline.targets.hf_backend import HFTarget
 
 pytestmark = pytest.mark.slow
@@ -15,11 +16,13 @@ MIN_TOKENS = 16
 
 
 def test_vllm_in_ray_actor_matches_transformers_greedy(trained_target_dir, ray_local):
-    from pipeline.replica import start_replicas
+    from pipeline.regenerate.replica import start_replicas
 
     tok = AutoTokenizer.from_pretrained(trained_target_dir)
     # Math and code answers are long enough to compare well past 16 tokens.
-    convs = list(generate(SyntheticSpec(num_conversations=8, seed=11, domains=("math", "code"))))
+    convs = list(
+        generate(SyntheticCorpusConfig(num_conversations=8, seed=11, domains=("math", "code")))
+    )
     requests = [
         GenerationRequest(c["id"], render_prompt(tok, first_prompt(c["messages"]))) for c in convs
     ]

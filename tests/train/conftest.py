@@ -1,7 +1,7 @@
 """Fixtures of the training tests: a tiny draft spec and committed reference shards.
 
 Torch runs single-threaded here: on a small shared machine OpenMP spin-waiting
-made two threads ~40x slower than one (measured, see pipeline/train/toy_shards.py).
+made two threads ~40x slower than one (measured, see pipeline/toy/reference_shards.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def toy_shards(tmp_path_factory, trained_target_dir) -> Path:
     """~90 first-turn samples of the trained toy target in two shards (~20 s once)."""
-    from pipeline.train.toy_shards import write_reference_shards
+    from pipeline.toy.reference_shards import write_reference_shards
 
     uri = tmp_path_factory.mktemp("train-shards") / "ds"
     write_reference_shards(uri, num_conversations=96, num_units=2)
@@ -33,11 +33,11 @@ def toy_prompts(target_dir, n: int = 6) -> list[list[int]]:
     """Rendered first prompts of conversations the toy shards never contain."""
     from transformers import AutoTokenizer
 
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
     from pipeline.render import first_prompt, render_prompt
 
     tok = AutoTokenizer.from_pretrained(target_dir)
-    convs = list(generate(SyntheticSpec(num_conversations=n, seed=12345)))  # not trained on
+    convs = list(generate(SyntheticCorpusConfig(num_conversations=n, seed=12345)))  # not trained on
     return [render_prompt(tok, first_prompt(c["messages"])) for c in convs]
 
 

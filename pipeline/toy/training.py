@@ -64,16 +64,17 @@ def train_toy(model, tokenizer, spec) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 
     torch.manual_seed(spec.seed)
     corpus = generate(
-        SyntheticSpec(num_conversations=spec.num_conversations, seed=spec.corpus_seed)
+        SyntheticCorpusConfig(num_conversations=spec.num_conversations, seed=spec.corpus_seed)
     )
     windows = packed_windows(render_ids(tokenizer, corpus), tokenizer.pad_token_id, spec.seq_len)
     heldout = packed_windows(
         render_ids(
-            tokenizer, generate(SyntheticSpec(num_conversations=200, seed=spec.corpus_seed + 1))
+            tokenizer,
+            generate(SyntheticCorpusConfig(num_conversations=200, seed=spec.corpus_seed + 1)),
         ),
         tokenizer.pad_token_id,
         spec.seq_len,

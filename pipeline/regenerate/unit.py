@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.config import GenerationConfig
 from pipeline.corpus.records import RowError, sample_id
+from pipeline.regenerate.units import WorkUnit
 from pipeline.render import (
     answer_budget,
     answer_turns,
@@ -29,7 +29,7 @@ from pipeline.render import (
 )
 from pipeline.shards.schema import Provenance
 from pipeline.targets.base import CapturingBackend, GenerationRequest
-from pipeline.units import WorkUnit
+from pipeline.targets.config import GenerationConfig
 
 log = logging.getLogger(__name__)
 

@@ -57,12 +57,12 @@ def write_reference_shards(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline import __version__
-    from pipeline.corpus.synthetic import CORPUS_VERSION, SyntheticSpec, generate
+    from pipeline.corpus.synthetic import CORPUS_VERSION, SyntheticCorpusConfig, generate
     from pipeline.render import first_prompt, render_prompt
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.schema import Provenance
     from pipeline.shards.writer import Sample
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import resolve_model
 
     with torch_threads(num_threads):
         model_dir = Path(resolve_model(target))
@@ -75,7 +75,9 @@ def write_reference_shards(
                 f"({num_layers} layers; the final stream is stored separately, after the norm)"
             )
         convs, seen = [], set()
-        for conv in generate(SyntheticSpec(num_conversations=num_conversations, seed=corpus_seed)):
+        for conv in generate(
+            SyntheticCorpusConfig(num_conversations=num_conversations, seed=corpus_seed)
+        ):
             if conv["id"] not in seen:  # the synthetic corpus repeats a few short conversations
                 seen.add(conv["id"])
                 convs.append(conv)
@@ -102,7 +104,7 @@ def write_reference_shards(
             hidden_size=model.config.hidden_size,
             codec=codec,
             corpus_version=f"synthetic-v{CORPUS_VERSION}-seed{corpus_seed}-n{num_conversations}",
-            code_version=f"dspark-targets {__version__} (pipeline.train.toy_shards, HF reference)",
+            code_version=f"dspark-targets {__version__} (pipeline.toy.reference_shards, HF reference)",
             generation={"backend": "hf", "temperature": 0.0, "max_new_tokens": max_new_tokens}
             if regenerate
             else {"backend": "corpus answers"},

@@ -118,13 +118,6 @@ def toy_target_dir(name: str, cache_dir: Path | None = None) -> Path:
     return (cache_dir or cache_root()) / "targets" / f"toy-{name}-{TOY_TARGETS[name].key()}"
 
 
-def resolve_model(model: str, cache_dir: Path | None = None) -> str:
-    """Turn `toy:<name>` into a built model directory; anything else passes through."""
-    if model.startswith("toy:"):
-        return str(build_toy_target(model.removeprefix("toy:"), cache_dir))
-    return model
-
-
 def build_toy_target(name: str, cache_dir: Path | None = None) -> Path:
     """Build the named toy target unless its cached directory exists; return the directory.
 
@@ -157,10 +150,12 @@ def _build(spec: ToyTargetSpec, out: Path) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
-    from pipeline.targets.toy_tokenizer import train_tokenizer
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
+    from pipeline.toy.tokenizer import train_tokenizer
 
-    tok_corpus = generate(SyntheticSpec(num_conversations=spec.tokenizer_corpus_size, seed=10_000))
+    tok_corpus = generate(
+        SyntheticCorpusConfig(num_conversations=spec.tokenizer_corpus_size, seed=10_000)
+    )
     tokenizer = train_tokenizer(
         (m["content"] for c in tok_corpus for m in c["messages"]), spec.tokenizer_vocab
     )
@@ -186,7 +181,7 @@ def _build(spec: ToyTargetSpec, out: Path) -> dict:
     model = Qwen3ForCausalLM(config)
     report: dict = {"num_parameters": sum(p.numel() for p in model.parameters())}
     if spec.train is not None:
-        from pipeline.targets.toy_training import train_toy
+        from pipeline.toy.training import train_toy
 
         report["training"] = train_toy(model, tokenizer, spec.train)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

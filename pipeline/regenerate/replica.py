@@ -12,8 +12,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.config import GenerationConfig, RayConfig, ReplicaConfig, TargetConfig
+from pipeline.regenerate.config import RayConfig, ReplicaConfig
 from pipeline.targets.base import Generation, GenerationRequest
+from pipeline.targets.config import GenerationConfig, TargetConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class TargetReplica:
 
     def __init__(self, target: TargetConfig) -> None:
         from pipeline.logs import setup_logging
-        from pipeline.targets import load_target
+        from pipeline.targets.resolve import load_target
 
         setup_logging()
         self.backend = load_target(target)

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig
 from pipeline.corpus.records import RowError
 from pipeline.errors import PipelineError
 from pipeline.logs import kv
-from pipeline.regenerate_unit import UnitResult, UnitSpec
-from pipeline.units import WorkUnit
+from pipeline.regenerate.config import PipelineConfig
+from pipeline.regenerate.unit import UnitResult, UnitSpec
+from pipeline.regenerate.units import WorkUnit
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ class RegenerateReplica:
         from transformers import AutoTokenizer
 
         from pipeline.logs import setup_logging
-        from pipeline.targets import load_target
-        from pipeline.targets.toy import resolve_model
+        from pipeline.targets.resolve import load_target, resolve_model
 
         setup_logging()
         self.backend = load_target(target_config, capture=True)
@@ -98,7 +97,7 @@ class RegenerateReplica:
         return os.getpid()
 
     def regenerate(self, unit: WorkUnit, spec: UnitSpec) -> UnitResult:
-        from pipeline.regenerate_unit import regenerate_unit
+        from pipeline.regenerate.unit import regenerate_unit
 
         return regenerate_unit(self.backend, self.tokenizer, unit, spec)
 
@@ -132,10 +131,8 @@ def build_provenance(config: PipelineConfig, corpus_version: str):
     from transformers import AutoConfig
 
     from pipeline.shards.schema import Provenance
-    from pipeline.targets.base import default_aux_layer_ids
-    from pipeline.targets.hf_backend import check_aux_layer_ids
     from pipeline.targets.identity import tokenizer_hash, weights_revision
-    from pipeline.targets.toy import resolve_model
+    from pipeline.targets.resolve import check_aux_layer_ids, default_aux_layer_ids, resolve_model
 
     model_dir = resolve_model(config.target.model)
     hf_config = AutoConfig.from_pretrained(model_dir, revision=config.target.revision)
@@ -178,7 +175,7 @@ def corpus_version(conversations) -> str:
 def plan(config: PipelineConfig):
     """(corpus, provenance, units) for a config; no Ray, no engine."""
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.units import num_buckets_for, plan_units, run_fingerprint
+    from pipeline.regenerate.units import num_buckets_for, plan_units, run_fingerprint
 
     corpus = load_corpus(config.corpus)
     provenance = build_provenance(config, corpus_version(corpus.conversations))
@@ -241,7 +238,7 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
-    from pipeline.replica import close_replicas, init_ray, start_actors
+    from pipeline.regenerate.replica import close_replicas, init_ray, start_actors
     from pipeline.shards.manifest import Dataset
 
     started = time.monotonic()

@@ -19,9 +19,9 @@ def distinct_token_ratio(ids: list[int]) -> float:
 
 
 def heldout_conversations(num: int = 240) -> list[dict]:
-    from pipeline.corpus.synthetic import SyntheticSpec, generate
+    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 
-    return list(generate(SyntheticSpec(num_conversations=num, seed=HELDOUT_SEED)))
+    return list(generate(SyntheticCorpusConfig(num_conversations=num, seed=HELDOUT_SEED)))
 
 
 def entropy_by_domain(model, tokenizer, conversations: list[dict]) -> dict[str, float]:
@@ -48,11 +48,11 @@ def quality_report(model_dir: str | Path, num_prompts_per_domain: int = 3) -> di
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.config import GenerationConfig, TargetConfig
     from pipeline.render import first_prompt, render_prompt
     from pipeline.targets.base import GenerationRequest
+    from pipeline.targets.config import GenerationConfig, TargetConfig
     from pipeline.targets.hf_backend import HFTarget
-    from pipeline.targets.toy_training import mean_loss, packed_windows, render_ids
+    from pipeline.toy.training import mean_loss, packed_windows, render_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

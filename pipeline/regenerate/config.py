@@ -1,0 +1,126 @@
+"""Typed config of a regeneration job: the target, the corpus, the replicas, Ray, the output.
+
+`PipelineConfig` is the whole YAML file of `dspark-targets regenerate` (and of
+`jobs.regenerate`); the target and corpus sections are the stages' own
+configs (`targets/config.py`, `corpus/config.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
+from pipeline.corpus.config import CorpusConfig
+from pipeline.targets.config import GenerationConfig, TargetConfig
+
+
+class PlacementConfig(ConfigModel):
+    """How one replica that spans several GPUs or nodes is placed.
+
+    A 2.8T replica on a GB300 NVL72 rack is 72 one-GPU bundles, PACK, pinned to
+    one NVLink domain by a node label (`ray start --labels nvlink_domain=...`).
+    """
+
+    num_bundles: int = Field(gt=0)
+    bundle: dict[str, float] = Field(default_factory=lambda: {"GPU": 1.0, "CPU": 1.0})
+    strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
+    # Node-label selector applied to every bundle of every replica.
+    bundle_label_selector: dict[str, str] = Field(default_factory=dict)
+    # One NVLink domain per replica: replica i's bundles all require
+    # `{domain_label: domains[i]}`, so a replica never straddles two racks.
+    domain_label: str = "nvlink_domain"
+    domains: list[str] = Field(default_factory=list)
+
+
+class ReplicaConfig(ConfigModel):
+    """The pool of Ray actors that each hold one target replica."""
+
+    num_replicas: int = Field(1, gt=0)
+    num_cpus: float = Field(1.0, ge=0.0)
+    num_gpus: float = Field(0.0, ge=0.0)
+    placement: PlacementConfig | None = None
+    # Restarts of a dead replica actor before the run gives up on it.
+    max_restarts: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _one_domain_per_replica(self) -> ReplicaConfig:
+        domains = self.placement.domains if self.placement else []
+        if domains and len(domains) != self.num_replicas:
+            raise ValueError(
+                f"placement.domains lists {len(domains)} domain(s) for {self.num_replicas} "
+                "replica(s): give exactly one per replica, or none"
+            )
+        return self
+
+
+class RayConfig(ConfigModel):
+    # None starts a local Ray; "auto" joins the cluster this process runs on.
+    address: str | None = None
+    num_cpus: int | None = Field(None, gt=0)
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+
+
+class OutputConfig(ConfigModel):
+    """Where committed dataset versions live."""
+
+    # Local directory or s3://bucket/prefix.
+    uri: str
+    # S3-compatible endpoint (MinIO, Ceph, a loopback test server); None = AWS.
+    endpoint_url: str | None = None
+    codec: Literal["bf16", "fp8"] = "bf16"
+
+
+class RegenerateConfig(ConfigModel):
+    """How the regeneration stage cuts the corpus into units and drives the replicas."""
+
+    # Regenerate every assistant turn (each given the regenerated history) or only the last.
+    turns: Literal["all", "last"] = "all"
+    # Unit size: one shard per unit; a retried unit redoes this much work.
+    conversations_per_unit: int = Field(64, gt=0)
+    # Fix the number of buckets (units) instead of deriving it from the corpus size;
+    # keep it fixed across refreshes so unchanged units keep their ids.
+    num_buckets: int | None = Field(None, gt=0)
+    # Requests per engine call inside a unit.
+    batch_size: int = Field(64, gt=0)
+    # Units queued per replica (backpressure: hidden states are written by the
+    # replica as they are produced and never travel to the driver).
+    max_units_in_flight_per_replica: int = Field(2, gt=0)
+    # Publish a version after this many finished units or seconds, and at the end.
+    commit_every_units: int = Field(16, gt=0)
+    commit_every_seconds: float = Field(300.0, gt=0)
+    # A unit whose replica died is retried on another one up to this many times.
+    max_unit_attempts: int = Field(3, gt=0)
+    # A prompt must leave at least this many tokens of context for the answer.
+    min_answer_tokens: int = Field(8, gt=0)
+
+
+class PipelineConfig(ConfigModel):
+    """A whole regeneration job: what to read, which target, how to run it, where to write."""
+
+    target: TargetConfig
+    corpus: CorpusConfig
+    generation: GenerationConfig = GenerationConfig()
+    replicas: ReplicaConfig = ReplicaConfig()
+    ray: RayConfig = RayConfig()
+    output: OutputConfig
+    regenerate: RegenerateConfig = RegenerateConfig()
+    # Free-form run name, used in logs, actor names and provenance.
+    name: str = "dspark-targets"
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig:
+    """Validate a regeneration config mapping; `source` names it in errors."""
+    return parse_model(PipelineConfig, data, source)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a regeneration YAML config; `overrides` are dotted keys (`replicas.num_replicas`)."""
+    return load_model_yaml(PipelineConfig, path, overrides)
+
+
+def dump_config(config: PipelineConfig) -> str:
+    """YAML text of a config (defaults included), for provenance and `plan`."""
+    return dump_yaml(config)

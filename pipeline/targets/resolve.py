@@ -1,0 +1,117 @@
+"""The one door from a model reference to a model: hub name, local directory, or `toy:NAME`.
+
+Every stage that needs the target's files or facts comes through here:
+`resolve_model` turns a reference into something `from_pretrained` loads (a
+toy target is built and cached on first use; a hub name passes through and
+is fetched by the library that loads it), `target_shape` reads the facts the
+capture and the shards depend on (layers, hidden size, aux ids), and
+`load_target` builds the configured backend. The toy wing is imported here
+and only lazily, so production paths never load it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.targets.base import TargetBackend
+    from pipeline.targets.config import TargetConfig
+
+TOY_PREFIX = "toy:"
+
+
+def check_model_ref(model: str) -> None:
+    """Raise ValueError for a `toy:` name that names no toy target (others pass)."""
+    if model.startswith(TOY_PREFIX):
+        from pipeline.toy.target import TOY_TARGETS
+
+        if model.removeprefix(TOY_PREFIX) not in TOY_TARGETS:
+            raise ValueError(
+                f"unknown toy target {model!r}; choose one of "
+                + ", ".join(f"{TOY_PREFIX}{n}" for n in sorted(TOY_TARGETS))
+            )
+
+
+def resolve_model(model: str, cache_dir: Path | None = None) -> str:
+    """A path or hub name `from_pretrained` loads: `toy:<name>` is built (or found) first."""
+    if model.startswith(TOY_PREFIX):
+        from pipeline.toy.target import build_toy_target
+
+        return str(build_toy_target(model.removeprefix(TOY_PREFIX), cache_dir))
+    return model
+
+
+def text_config(model_dir: str, revision: str | None = None) -> Any:
+    """The language model's config (`text_config` of a multimodal checkpoint, else the config)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, revision=revision)
+    return getattr(config, "text_config", config)
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """The facts about a target that captured data depends on."""
+
+    num_layers: int  # L decoder layers
+    hidden_size: int  # H
+    aux_layer_ids: tuple[int, ...]  # captured residual streams, ascending (DESIGN.md §3)
+
+
+def default_aux_layer_ids(num_layers: int, num_layers_captured: int = 5) -> tuple[int, ...]:
+    """DFlash/DSpark spacing: target layers evenly from 1 to L-3, as aux ids (+1).
+
+    36 layers -> target layers [1, 9, 17, 25, 33] -> aux ids [2, 10, 18, 26, 34].
+    Shallow targets (L < 8) take every layer from 1 to L-1 instead.
+    """
+    if num_layers < 8:
+        return tuple(range(1, num_layers))
+    start, end = 1, num_layers - 3
+    k = num_layers_captured
+    layers = sorted({round(start + i * (end - start) / (k - 1)) for i in range(k)})
+    return tuple(layer + 1 for layer in layers)
+
+
+def check_aux_layer_ids(aux_ids: Sequence[int], num_layers: int, model: str) -> None:
+    """Aux ids name streams after 0..L-1 layers; the final (normed) state is captured apart."""
+    bad = [a for a in aux_ids if not 0 <= a < num_layers]
+    if bad:
+        raise ValueError(
+            f"target {model}: aux_layer_ids {bad} out of range for {num_layers} layers "
+            f"(valid: 0..{num_layers - 1}; the final hidden state is always captured separately)"
+        )
+
+
+def shape_of(
+    num_layers: int, hidden_size: int, aux_layer_ids: Sequence[int] | None, model: str
+) -> TargetShape:
+    """The shape for a model's depth and width; None aux ids take the DFlash spacing."""
+    aux = tuple(aux_layer_ids or default_aux_layer_ids(num_layers))
+    check_aux_layer_ids(aux, num_layers, model)
+    return TargetShape(int(num_layers), int(hidden_size), aux)
+
+
+def target_shape(config: TargetConfig, model_dir: str) -> TargetShape:
+    """Read the target's depth and width from its config and check the configured aux ids."""
+    text = text_config(model_dir, config.revision)
+    return shape_of(text.num_hidden_layers, text.hidden_size, config.aux_layer_ids, model_dir)
+
+
+def load_target(config: TargetConfig, capture: bool = False) -> TargetBackend:
+    """Build the configured backend on the resolved model.
+
+    `capture=True` returns a `CapturingBackend`: for vLLM an engine with the
+    hidden-state capture method (dearer per step than a plain engine, so only
+    when asked); the transformers reference always captures.
+    """
+    model_dir = resolve_model(config.model)
+    if config.backend == "vllm":
+        from pipeline.targets.vllm_backend import VLLMTarget
+
+        return VLLMTarget(config, model_dir, capture=capture)
+    from pipeline.targets.hf_backend import HFTarget
+
+    return HFTarget(config, model_dir)
