@@ -197,7 +197,7 @@ def plan(config_path: Path) -> None:
 )
 def demo(out: Path, num_conversations: int | None) -> None:
     """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target)."""
-    from pipeline.demo import run_demo
+    from pipeline.toy.demo import run_demo
 
     run_demo(out_dir=out, num_conversations=num_conversations)
 

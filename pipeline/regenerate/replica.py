@@ -1,18 +1,21 @@
-"""Ray actors that each hold one target replica.
+"""Ray actors that each hold one target replica, and how they are started, placed and stopped.
 
-The actor is a thin wrapper around a `TargetBackend`: all logic lives in the
-backend, so it is testable without Ray. Resources come from `ReplicaConfig`;
-a replica that spans many GPUs gets a placement group whose bundles can be
+The actor is a thin wrapper around a capturing `TargetBackend` and the unit
+job (`unit.py`): all logic lives there, so it is testable without Ray.
+Resources come from `ReplicaConfig`; a replica that spans many GPUs gets a placement group whose bundles can be
 pinned to one NVLink domain with a node-label selector.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from pipeline.regenerate.config import RayConfig, ReplicaConfig
+from pipeline.regenerate.unit import UnitResult, UnitSpec, regenerate_unit
+from pipeline.regenerate.units import WorkUnit
 from pipeline.targets.base import Generation, GenerationRequest
 from pipeline.targets.config import GenerationConfig, TargetConfig
 
@@ -21,25 +24,40 @@ log = logging.getLogger(__name__)
 RAY_NAMESPACE = "dspark-targets"
 
 
-class TargetReplica:
-    """Body of the replica actor (wrapped with `ray.remote` in `start_replicas`)."""
+class RegenerateReplica:
+    """The replica actor's body: one capturing backend and its tokenizer.
+
+    A thin wrapper (STYLE.md): `regenerate` calls the unit job, `generate`
+    serves plain requests on the same engine (requests without capture
+    parameters are not captured).
+    """
 
     def __init__(self, target: TargetConfig) -> None:
+        from transformers import AutoTokenizer
+
         from pipeline.logs import setup_logging
-        from pipeline.targets.resolve import load_target
+        from pipeline.targets.resolve import load_target, resolve_model
 
         setup_logging()
-        self.backend = load_target(target)
+        self.backend = load_target(target, capture=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            resolve_model(target.model), revision=target.revision
+        )
+
+    def ready(self) -> int:
+        """The actor's process id (tests and operators signal it)."""
+        return os.getpid()
+
+    def regenerate(self, unit: WorkUnit, spec: UnitSpec) -> UnitResult:
+        return regenerate_unit(self.backend, self.tokenizer, unit, spec)
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
     ) -> list[Generation]:
         return self.backend.generate(requests, params)
 
-    def ready(self) -> bool:
-        return True
-
     def close(self) -> None:
+        """Stop the engine and remove its capture spool (ray.kill alone runs no finalizer)."""
         self.backend.close()
 
 
@@ -49,8 +67,6 @@ def init_ray(config: RayConfig) -> None:
 
     if ray.is_initialized():
         return
-    import os
-
     # One namespace, so named replicas are visible across drivers (an operator's
     # `ray.get_actor`, a second run under the same name failing fast).
     kwargs: dict[str, Any] = {
@@ -90,10 +106,10 @@ def placement_group_args(replicas: ReplicaConfig, index: int) -> dict[str, Any] 
     return kwargs
 
 
-def start_actors(
-    actor_class: type, target: TargetConfig, replicas: ReplicaConfig, name_prefix: str | None = None
+def start_replicas(
+    target: TargetConfig, replicas: ReplicaConfig, name_prefix: str | None = None
 ) -> list[Any]:
-    """Start `num_replicas` actors of `actor_class(target)`; wait until each engine is loaded.
+    """Start `num_replicas` `RegenerateReplica` actors; wait until each engine is loaded.
 
     Ray restarts a dead actor up to `max_restarts` times (its engine reloads in
     `__init__`); calls in flight on it fail, and the caller decides what to retry.
@@ -122,14 +138,9 @@ def start_actors(
             ray.get(pg.ready())
             # The actor itself takes no GPU: vLLM's workers claim the bundles.
             options.update(num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(pg))
-        actors.append(ray.remote(actor_class).options(**options).remote(target))
+        actors.append(ray.remote(RegenerateReplica).options(**options).remote(target))
     ray.get([a.ready.remote() for a in actors])
     return actors
-
-
-def start_replicas(target: TargetConfig, replicas: ReplicaConfig) -> list[Any]:
-    """Start generation-only replica actors (`TargetReplica`)."""
-    return start_actors(TargetReplica, target, replicas)
 
 
 def close_replicas(actors: Sequence[Any], timeout_s: float = 60.0) -> None:

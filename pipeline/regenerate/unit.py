@@ -12,11 +12,10 @@ rounds < j (`turns="all"`), so one engine batch mixes conversations and turns.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.corpus.records import RowError, sample_id
 from pipeline.regenerate.units import WorkUnit
@@ -30,6 +29,9 @@ from pipeline.render import (
 from pipeline.shards.schema import Provenance
 from pipeline.targets.base import CapturingBackend, GenerationRequest
 from pipeline.targets.config import GenerationConfig
+
+if TYPE_CHECKING:
+    from pipeline.regenerate.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,19 @@ class UnitSpec:
     min_answer_tokens: int
     batch_size: int
 
+    @classmethod
+    def from_config(cls, config: PipelineConfig, provenance: Provenance) -> UnitSpec:
+        return cls(
+            dataset_uri=config.output.uri,
+            endpoint_url=config.output.endpoint_url,
+            provenance=provenance,
+            generation=config.generation,
+            turns=config.regenerate.turns,
+            max_model_len=config.target.max_model_len,
+            min_answer_tokens=config.regenerate.min_answer_tokens,
+            batch_size=config.regenerate.batch_size,
+        )
+
 
 @dataclass
 class UnitResult:
@@ -57,10 +72,6 @@ class UnitResult:
     num_generated_tokens: int = 0
     errors: list[RowError] = field(default_factory=list)
     seconds: float = 0.0
-
-
-def errors_key(unit_id: str) -> str:
-    return f"errors/{unit_id}.jsonl"
 
 
 def regenerate_unit(
@@ -142,8 +153,10 @@ def regenerate_unit(
                             domain=conv.domain,
                             input_ids=torch.tensor(row.input_ids, dtype=torch.int32),
                             loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
-                            hidden_states=cap.hidden_states,
-                            last_hidden_state=cap.last_hidden_state,
+                            # Shards store bf16 (schema v1); a float32 reference
+                            # target rounds here, a bf16 engine is unchanged.
+                            hidden_states=cap.hidden_states.to(torch.bfloat16),
+                            last_hidden_state=cap.last_hidden_state.to(torch.bfloat16),
                             finish_reason=cap.finish_reason,
                             num_prompt_tokens=row.num_prompt_tokens,
                             num_generated_tokens=row.num_generated_tokens,
@@ -161,9 +174,6 @@ def regenerate_unit(
     except BaseException:
         writer.abort()
         raise
-    if result.errors:
-        body = "".join(json.dumps(e.to_dict()) + "\n" for e in result.errors).encode()
-        with dataset.storage.open_write(errors_key(unit.unit_id)) as fh:
-            fh.write(body)
+    dataset.write_errors(unit.unit_id, result.errors)
     result.seconds = time.monotonic() - started
     return result

@@ -6,6 +6,7 @@ Layout of a dataset root (local directory or s3://bucket/prefix):
     manifests/v000001.json       one manifest per version: every shard with rows,
     manifests/v000002.json       tokens, bytes and sha256 (schemas/manifest.schema.json)
     _latest                      {"version": N}: pointer to the newest version
+    errors/<unit_id>.jsonl       rows a run could not use, with the reason (no manifest names them)
 
 Protocol (the Delta/Iceberg/Lance pattern, DESIGN.md §5):
 
@@ -43,6 +44,7 @@ MANIFEST_FORMAT = "dspark-targets.manifest"
 MANIFEST_VERSION = 1
 MANIFEST_PREFIX = "manifests/"
 LATEST_KEY = "_latest"
+ERRORS_PREFIX = "errors/"
 _MANIFEST_NAME = re.compile(r"manifests/v(\d{6,})\.json")
 _LATEST = object()  # sentinel: commit on top of whatever version is newest
 
@@ -261,6 +263,20 @@ class Dataset:
     def writer(self, unit_id: str, provenance: Provenance, **kwargs: Any) -> ShardWriter:
         """A ShardWriter for one unit of this dataset."""
         return ShardWriter(self.storage, unit_id, provenance, **kwargs)
+
+    def write_errors(self, name: str, records: Sequence[Any]) -> str | None:
+        """`errors/<name>.jsonl`: one JSON object per record (`to_dict()`); None if empty.
+
+        Error records are side files for operators: no manifest names them and
+        a rerun of the same unit overwrites them.
+        """
+        if not records:
+            return None
+        key = f"{ERRORS_PREFIX}{name}.jsonl"
+        body = "".join(json.dumps(r.to_dict()) + "\n" for r in records).encode()
+        with self.storage.open_write(key) as fh:
+            fh.write(body)
+        return key
 
     def commit(
         self,

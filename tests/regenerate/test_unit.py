@@ -5,12 +5,13 @@ import torch
 from transformers import AutoTokenizer
 
 from pipeline.corpus.records import Conversation, conversation_hash, sample_id
-from pipeline.regenerate.unit import UnitSpec, errors_key, regenerate_unit
+from pipeline.regenerate.config import parse_config
+from pipeline.regenerate.provenance import build_provenance
+from pipeline.regenerate.unit import UnitSpec, regenerate_unit
 from pipeline.regenerate.units import plan_units
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
-from pipeline.shards.schema import Provenance
-from pipeline.targets.config import GenerationConfig, TargetConfig
+from pipeline.targets.config import TargetConfig
 from pipeline.targets.hf_backend import HFTarget
 
 
@@ -25,29 +26,23 @@ def backend(trained_target_dir):
     )
 
 
-def _spec(tmp_path, backend, **kw):
-    provenance = Provenance(
-        target_name="toy:trained",
-        target_revision="r",
-        tokenizer_hash="t",
-        aux_layer_ids=backend.aux_layer_ids,
-        hidden_size=backend.hidden_size,
-        codec="bf16",
-        corpus_version="c",
-        code_version="test",
+def _spec(tmp_path, backend, trained_target_dir, turns="all", batch_size=2):
+    config = parse_config(
+        {
+            "target": {
+                "model": str(trained_target_dir),
+                "backend": "hf",
+                "max_model_len": 256,
+                "aux_layer_ids": list(backend.aux_layer_ids),
+            },
+            "corpus": {"sources": [{"path": "unused.jsonl"}]},
+            "generation": {"max_new_tokens": 40},
+            "output": {"uri": str(tmp_path / "ds")},
+            "regenerate": {"turns": turns, "batch_size": batch_size},
+        },
+        "test",
     )
-    base = dict(
-        dataset_uri=str(tmp_path / "ds"),
-        endpoint_url=None,
-        provenance=provenance,
-        generation=GenerationConfig(max_new_tokens=40),
-        turns="all",
-        max_model_len=256,
-        min_answer_tokens=8,
-        batch_size=2,
-    )
-    base.update(kw)
-    return UnitSpec(**base)
+    return UnitSpec.from_config(config, build_provenance(config, corpus_version="c"))
 
 
 def test_multi_turn_rows_use_the_regenerated_history(tmp_path, backend, trained_target_dir):
@@ -63,7 +58,7 @@ def test_multi_turn_rows_use_the_regenerated_history(tmp_path, backend, trained_
     single = _conv([{"role": "user", "content": "Hi!"}], "t:1")
     too_long = _conv([{"role": "user", "content": "word " * 400}], "t:2")
     (unit,) = plan_units([two_turns, single, too_long], 1, "fp")
-    spec = _spec(tmp_path, backend)
+    spec = _spec(tmp_path, backend, trained_target_dir)
     result = regenerate_unit(backend, tok, unit, spec)
 
     assert result.num_samples == 3
@@ -86,7 +81,7 @@ def test_multi_turn_rows_use_the_regenerated_history(tmp_path, backend, trained_
         assert row.hidden_states.shape == (T, 3 * backend.hidden_size)
         assert torch.count_nonzero(row.hidden_states[-1]) == 0  # the final token is never fed
         assert torch.count_nonzero(row.hidden_states[-2]) > 0
-    errors = ds.storage.read_bytes(errors_key(unit.unit_id)).decode()
+    errors = ds.storage.read_bytes(f"errors/{unit.unit_id}.jsonl").decode()
     assert "prompt_too_long" in errors and "t:2" in errors
 
 
@@ -101,7 +96,7 @@ def test_last_turn_mode_keeps_the_original_history(tmp_path, backend, trained_ta
         "t:0",
     )
     (unit,) = plan_units([conv], 1, "fp")
-    spec = _spec(tmp_path, backend, turns="last")
+    spec = _spec(tmp_path, backend, trained_target_dir, turns="last")
     result = regenerate_unit(backend, tok, unit, spec)
     ds = Dataset.open(spec.dataset_uri)
     ds.commit([result.shard])

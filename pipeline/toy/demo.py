@@ -34,7 +34,7 @@ def run_demo(
 ) -> dict:
     from rich.console import Console
 
-    from pipeline.corpus.synthetic import SyntheticCorpusConfig, write_corpus
+    from pipeline.corpus.synthetic import write_corpus
     from pipeline.regenerate.config import load_config
     from pipeline.regenerate.run import run_regenerate
     from pipeline.shards.tools import inspect_dataset
@@ -54,10 +54,7 @@ def run_demo(
     console.rule("[bold]2. synthetic corpus")
     syn = config.corpus.synthetic
     assert syn is not None, "the demo config uses the synthetic corpus"
-    spec = SyntheticCorpusConfig(
-        syn.num_conversations, syn.seed, syn.multi_turn_fraction, tuple(syn.domains)
-    )
-    console.print("wrote " + ", ".join(str(p) for p in write_corpus(spec, out_dir / "corpus")))
+    console.print("wrote " + ", ".join(str(p) for p in write_corpus(syn, out_dir / "corpus")))
 
     console.rule("[bold]3. regenerate + capture (local Ray, CPU vLLM replica)")
     summary = run_regenerate(config)

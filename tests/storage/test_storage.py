@@ -17,10 +17,10 @@ from pipeline.storage import (
     LocalStorage,
     PreconditionFailed,
     RetryPolicy,
-    S3Storage,
     is_transient,
     open_storage,
 )
+from pipeline.storage.s3 import S3Storage
 
 
 @pytest.fixture(params=["local", "s3"])

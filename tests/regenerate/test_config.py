@@ -10,7 +10,7 @@ from pipeline.toy import CONFIG_DIR
 # stages (tests/train and tests/evaluate check them).
 CONFIGS = sorted(
     p
-    for folder in (Path(__file__).resolve().parent.parent / "jobs" / "configs", CONFIG_DIR)
+    for folder in (Path(__file__).resolve().parents[2] / "jobs" / "configs", CONFIG_DIR)
     for p in folder.glob("*.yaml")
     if not p.name.startswith(("train-", "eval-"))
 )

@@ -1,0 +1,150 @@
+"""The storage contract: the `Storage` protocol, its errors, keys, and the retry policy.
+
+See `pipeline/storage/__init__.py` for the guarantees each kind of write gives.
+Transient errors (timeouts, 5xx, throttling) are retried with exponential
+backoff and jitter; everything else (412, 403, 404) surfaces at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class StorageError(OSError):
+    """A storage operation failed for a reason other than a failed precondition."""
+
+
+class AlreadyExists(FileExistsError):
+    """A create-only put found the key already present."""
+
+
+class PreconditionFailed(RuntimeError):
+    """A compare-and-swap found a different version of the object than expected."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the storage root
+    size: int
+    mtime: float  # seconds since the epoch
+
+
+class Storage(Protocol):
+    """What the shards layer needs from a filesystem; see the module docstring."""
+
+    uri: str  # root, as given (local path or s3://bucket/prefix)
+
+    def url(self, key: str) -> str: ...
+    def exists(self, key: str) -> bool: ...
+    def info(self, key: str) -> ObjectInfo: ...
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def read_bytes(self, key: str) -> bytes: ...
+    def open_read(self, key: str) -> BinaryIO: ...
+    def open_write(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+    def put_if_absent(self, key: str, data: bytes) -> None: ...
+    def read_tagged(self, key: str) -> tuple[bytes, str] | None: ...
+    def put_if_match(self, key: str, data: bytes, tag: str | None) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def storage_options(self) -> dict: ...
+    def arrow_filesystem(self) -> tuple[Any, str]: ...
+
+
+def check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"invalid storage key {key!r}: use a relative path without '.', '..' or '//'"
+        )
+    return key
+
+
+# --------------------------------------------------------------------------- retries
+
+
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "ConditionalRequestConflict",  # S3: a concurrent conditional write is in flight; retry
+}
+
+
+def client_error(err: BaseException) -> dict | None:
+    """The botocore error dict behind an s3fs-translated exception, if any."""
+    for candidate in (err, err.__cause__, err.__context__):
+        response = getattr(candidate, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            return response
+    return None
+
+
+def is_transient(err: BaseException) -> bool:
+    """True for errors worth retrying: timeouts, connection resets, 5xx, throttling."""
+    if isinstance(err, (AlreadyExists, PreconditionFailed, FileNotFoundError, PermissionError)):
+        return False
+    response = client_error(err)
+    if response is not None:
+        code = response["Error"].get("Code", "")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return code in _TRANSIENT_CODES or status >= 500
+    if isinstance(err, (TimeoutError, ConnectionError)):
+        return True
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+
+        if isinstance(err, (BotoConnectionError, HTTPClientError)):
+            return True
+    except ImportError:  # pragma: no cover - botocore comes with s3fs
+        pass
+    return isinstance(err, OSError) and err.errno in (
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.EAGAIN,
+    )
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, for transient errors only."""
+
+    num_attempts: int = 5
+    base_delay_s: float = 0.2
+    max_delay_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.num_attempts < 1:
+            raise ValueError(f"RetryPolicy.num_attempts must be >= 1, got {self.num_attempts}")
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        for attempt in range(1, self.num_attempts + 1):
+            try:
+                return fn()
+            except Exception as err:
+                if attempt == self.num_attempts or not is_transient(err):
+                    raise
+                delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
+                log.warning(
+                    "transient storage error, retrying: op=%s attempt=%d error=%s delay_s=%.2f",
+                    what,
+                    attempt,
+                    type(err).__name__,
+                    delay,
+                )
+                time.sleep(delay)
+        raise AssertionError("unreachable")
