@@ -9,11 +9,11 @@ the hidden-state codec: bf16 (lossless) and fp8 (e4m3, per-token scale).
 Four drafts are trained with the same budget (`--steps` optimiser steps of
 `--batch` sequences, lr 3e-3, one thread, seed 0):
 
-* DSpark (pipeline/toy/configs/train-toy.yaml: 2 layers, block 5, Markov rank 64;
+* DSpark (pipeline/demo/configs/train-toy.yaml: 2 layers, block 5, Markov rank 64;
   paper layout: the anchor slot predicts too, 5 drafted tokens) on bf16;
 * DFlash (the same backbone, fill-in layout, 4 drafted tokens, CE only) on bf16;
 * DSpark on fp8;
-* EAGLE-3 (pipeline/toy/configs/train-toy-eagle3.yaml: one layer, training-time
+* EAGLE-3 (pipeline/demo/configs/train-toy-eagle3.yaml: one layer, training-time
   test unrolled 5 steps, so it drafts 5 tokens as DSpark does) on bf16.
 
 All are evaluated on the same held-out samples (15% by sample-id hash, never
@@ -52,8 +52,8 @@ from pathlib import Path
 
 from results_file import merge_results, write_section  # bench/ is sys.path[0]
 
+from pipeline.demo import CONFIG_DIR
 from pipeline.evaluate.uncertainty import PerSample, ratio_interval
-from pipeline.toy import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "bench" / "figures"
@@ -103,9 +103,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.evaluate.config import parse_eval_config
     from pipeline.evaluate.run import run_evaluation
-    from pipeline.toy.reference_shards import write_reference_shards
 
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:
         work = args.keep or Path(tmp)

@@ -6,7 +6,7 @@ P5 = reader samples/s / trainer samples/s on the same machine (goal >= 10):
 how far ahead the data path runs of the model, i.e. whether streaming shards
 can ever starve training. Both single-threaded (torch and zstd), on the
 trained toy target's reference shards (HF capture, aux ids [1, 2, 3], bf16
-codec) and the toy DSpark draft of pipeline/toy/configs/train-toy.yaml:
+codec) and the toy DSpark draft of pipeline/demo/configs/train-toy.yaml:
 
 * reader: `ShardReader(uri, prefetch=0)` over every sample (read + decode),
   median of 3 passes;
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from results_file import merge_results, write_section  # bench/ is sys.path[0]
 
-from pipeline.toy import CONFIG_DIR
+from pipeline.demo import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,8 +46,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.shards.reader import ShardReader
-    from pipeline.toy.reference_shards import write_reference_shards
     from pipeline.train.config import load_train_config
     from pipeline.train.data import TrainingData, iter_batches
     from pipeline.train.model import resolve_spec
@@ -109,7 +109,7 @@ def main() -> None:
             "## Training throughput (bench/train.py, key P5)",
             "",
             f"Trained toy target reference shards ({args.conversations} conversations, bf16), toy DSpark "
-            f"draft of pipeline/toy/configs/train-toy.yaml ({spec.num_layers} layers, block {spec.block_size}, "
+            f"draft of pipeline/demo/configs/train-toy.yaml ({spec.num_layers} layers, block {spec.block_size}, "
             f"batch {config.global_batch_size}), {args.steps} steps, one thread, "
             f"{platform.processor() or platform.machine()}, load average {load:.2f}.",
             "",

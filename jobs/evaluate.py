@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python -m jobs.evaluate --config pipeline/toy/configs/eval-toy.yaml`
+"""`ray job submit --working-dir . -- python -m jobs.evaluate --config pipeline/demo/configs/eval-toy.yaml`
 
 Thin entrypoint: parse, set up logging, run the evaluation stage (offline
 T=0 tau per domain, calibration, live loop, optional vLLM cross-check),

@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python -m jobs.regenerate --config pipeline/toy/configs/toy.yaml`
+"""`ray job submit --working-dir . -- python -m jobs.regenerate --config pipeline/demo/configs/toy.yaml`
 
 Thin entrypoint: parse, set up logging, run the regeneration stage, print the
 summary, exit non-zero on failure. The same code runs from `dspark-targets

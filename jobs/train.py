@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python -m jobs.train --config pipeline/toy/configs/train-toy.yaml`
+"""`ray job submit --working-dir . -- python -m jobs.train --config pipeline/demo/configs/train-toy.yaml`
 
 Thin entrypoint: parse, set up logging, train (Ray Train when the config asks
 for more than one worker), export, print the summary, exit non-zero on

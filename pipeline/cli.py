@@ -18,7 +18,7 @@ CONFIG_OPTION = click.option(
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
-    help="YAML config (examples: jobs/configs/, pipeline/toy/configs/).",
+    help="YAML config (examples: jobs/configs/, pipeline/demo/configs/).",
 )
 SET_OPTION = click.option(
     "--set",
@@ -197,7 +197,7 @@ def plan(config_path: Path) -> None:
 )
 def demo(out: Path, num_conversations: int | None) -> None:
     """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target)."""
-    from pipeline.toy.demo import run_demo
+    from pipeline.demo.run import run_demo
 
     run_demo(out_dir=out, num_conversations=num_conversations)
 
@@ -227,7 +227,7 @@ def toy_target(name: str, report: bool) -> None:
     model_dir = build_toy_target(name)
     click.echo(str(model_dir))
     if report:
-        from pipeline.toy.quality import quality_report
+        from pipeline.demo.quality import quality_report
 
         click.echo(json.dumps(quality_report(model_dir), indent=2))
 

@@ -1,7 +1,7 @@
 """Torch's intra-op thread count, capped for a block of work and restored after.
 
 On a small shared machine OpenMP spin-waiting made two threads ~40x slower
-than one (measured, pipeline/toy/reference_shards.py), so CPU stages cap it.
+than one (measured, pipeline/demo/reference_shards.py), so CPU stages cap it.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def test_help_lists_every_command():
 def test_unbuilt_commands_say_so_and_exit_2():
     for name in ("refresh",):
         result = CliRunner().invoke(
-            cli, [name, "--config", str(ROOT / "pipeline/toy/configs/toy.yaml")]
+            cli, [name, "--config", str(ROOT / "pipeline/demo/configs/toy.yaml")]
         )
         assert result.exit_code == 2, (name, result.output)
         assert "not built yet" in result.output
@@ -41,7 +41,7 @@ def test_stage_commands_name_the_bad_key(tmp_path):
     # train and evaluate read their own config formats; a pipeline config is not one.
     for name in ("train", "evaluate"):
         result = CliRunner().invoke(
-            cli, [name, "--config", str(ROOT / "pipeline/toy/configs/toy.yaml")]
+            cli, [name, "--config", str(ROOT / "pipeline/demo/configs/toy.yaml")]
         )
         assert result.exit_code == 1, (name, result.output)
         assert "toy.yaml: invalid config" in result.output and "unknown key" in result.output

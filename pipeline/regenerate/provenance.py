@@ -64,7 +64,7 @@ def build_provenance(config: PipelineConfig, corpus_version: str) -> Provenance:
     from pipeline.targets.resolve import resolve_model, target_shape
 
     model_dir = resolve_model(config.target.model)
-    shape = target_shape(config.target, model_dir)
+    shape = target_shape(model_dir, config.target.revision, config.target.aux_layer_ids)
     return Provenance(
         target_name=config.target.model,
         target_revision=weights_revision(model_dir, config.target.revision),

@@ -36,7 +36,8 @@ class RegenerateReplica:
         from transformers import AutoTokenizer
 
         from pipeline.logs import setup_logging
-        from pipeline.targets.resolve import load_target, resolve_model
+        from pipeline.targets.loader import load_target
+        from pipeline.targets.resolve import resolve_model
 
         setup_logging()
         self.backend = load_target(target, capture=True)

@@ -98,7 +98,8 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
     from transformers import AutoTokenizer
 
     from pipeline.regenerate.unit import regenerate_unit
-    from pipeline.targets.resolve import load_target, resolve_model
+    from pipeline.targets.loader import load_target
+    from pipeline.targets.resolve import resolve_model
 
     started = time.monotonic()
     run, sink, summary, todo = _start(config)

@@ -3,10 +3,10 @@
 Every stage that needs the target's files or facts comes through here:
 `resolve_model` turns a reference into something `from_pretrained` loads (a
 toy target is built and cached on first use; a hub name passes through and
-is fetched by the library that loads it), `target_shape` reads the facts the
-capture and the shards depend on (layers, hidden size, aux ids), and
-`load_target` builds the configured backend. The toy wing is imported here
-and only lazily, so production paths never load it.
+is fetched by the library that loads it) and `target_shape` reads the facts
+the capture and the shards depend on (layers, hidden size, aux ids). The toy
+wing is imported here and only lazily, so production paths never load it.
+`loader.load_target` builds a backend on the resolved model.
 """
 
 from __future__ import annotations
@@ -14,11 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pipeline.targets.base import TargetBackend
-    from pipeline.targets.config import TargetConfig
+from typing import Any
 
 TOY_PREFIX = "toy:"
 
@@ -94,24 +90,9 @@ def shape_of(
     return TargetShape(int(num_layers), int(hidden_size), aux)
 
 
-def target_shape(config: TargetConfig, model_dir: str) -> TargetShape:
-    """Read the target's depth and width from its config and check the configured aux ids."""
-    text = text_config(model_dir, config.revision)
-    return shape_of(text.num_hidden_layers, text.hidden_size, config.aux_layer_ids, model_dir)
-
-
-def load_target(config: TargetConfig, capture: bool = False) -> TargetBackend:
-    """Build the configured backend on the resolved model.
-
-    `capture=True` returns a `CapturingBackend`: for vLLM an engine with the
-    hidden-state capture method (dearer per step than a plain engine, so only
-    when asked); the transformers reference always captures.
-    """
-    model_dir = resolve_model(config.model)
-    if config.backend == "vllm":
-        from pipeline.targets.vllm_backend import VLLMTarget
-
-        return VLLMTarget(config, model_dir, capture=capture)
-    from pipeline.targets.hf_backend import HFTarget
-
-    return HFTarget(config, model_dir)
+def target_shape(
+    model_dir: str, revision: str | None, aux_layer_ids: Sequence[int] | None
+) -> TargetShape:
+    """Read the target's depth and width from its config and check the given aux ids."""
+    text = text_config(model_dir, revision)
+    return shape_of(text.num_hidden_layers, text.hidden_size, aux_layer_ids, model_dir)

@@ -72,7 +72,7 @@ class VLLMTarget:
         from pipeline.targets import capture
         from pipeline.targets.resolve import target_shape
 
-        shape = target_shape(config, model_dir)
+        shape = target_shape(model_dir, config.revision, config.aux_layer_ids)
         num_layers = shape.num_layers
         self.aux_layer_ids, self.hidden_size = shape.aux_layer_ids, shape.hidden_size
         self.dtype = getattr(torch, config.dtype)

@@ -1,11 +1,6 @@
-"""The toy wing: small targets built on the spot, their reference shards, the demo, its configs.
+"""Toy targets: small Qwen3 models with their own tokenizer, built on the spot and cached.
 
-Nothing in production paths imports it: `targets/resolve.py` reaches it (lazily)
-for `toy:NAME` model references, and the CLI, the demo, the tests and
-`bench/` use it directly. `CONFIG_DIR` holds the embedded default configs
-(package data): `toy.yaml` (regeneration), `train-toy*.yaml`, `eval-toy.yaml`.
+Production paths never import this package; `targets/resolve.py` reaches it
+(lazily) for `toy:NAME` model references. What runs *on* the toys (the demo,
+reference shards, quality figures) lives in `pipeline/demo/`.
 """
-
-from pathlib import Path
-
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.toy import CONFIG_DIR
+from pipeline.demo import CONFIG_DIR
 
 DEMO_CONFIG = CONFIG_DIR / "train-toy.yaml"
 EAGLE3_CONFIG = DEMO_CONFIG.with_name("train-toy-eagle3.yaml")
@@ -33,8 +33,8 @@ def train_demo_draft(
 ) -> dict[str, Any]:
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
 
+    from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.shards.manifest import Dataset
-    from pipeline.toy.reference_shards import write_reference_shards
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import train
 

@@ -1,5 +1,5 @@
 """Fixtures of the evaluation tests. Torch single-threaded (two shared cores: OpenMP
-spin-waiting made 2 threads ~40x slower than 1, see pipeline/toy/reference_shards.py)."""
+spin-waiting made 2 threads ~40x slower than 1, see pipeline/demo/reference_shards.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def eval_shards(tmp_path_factory, trained_target_dir):
     """~60 first-turn samples of the trained toy target in two shards (~20 s once)."""
-    from pipeline.toy.reference_shards import write_reference_shards
+    from pipeline.demo.reference_shards import write_reference_shards
 
     uri = tmp_path_factory.mktemp("eval-shards") / "ds"
     write_reference_shards(uri, num_conversations=64, num_units=2)

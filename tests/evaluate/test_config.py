@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import ConfigError
+from pipeline.demo import CONFIG_DIR
 from pipeline.evaluate.config import load_eval_config, parse_eval_config
-from pipeline.toy import CONFIG_DIR
 
 EXAMPLE = CONFIG_DIR / "eval-toy.yaml"
 

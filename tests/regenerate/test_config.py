@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError
+from pipeline.demo import CONFIG_DIR
 from pipeline.regenerate.config import dump_config, load_config, parse_config
-from pipeline.toy import CONFIG_DIR
 
 # Pipeline configs; train-*.yaml / eval-*.yaml belong to the training and evaluation
 # stages (tests/train and tests/evaluate check them).

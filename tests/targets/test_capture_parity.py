@@ -64,7 +64,7 @@ def cases(tok):
 @pytest.fixture(scope="module")
 def engines(trained_target_dir, cases):
     """Capture engine, then plain engine (one at a time), same batch, greedy."""
-    from pipeline.targets.resolve import load_target
+    from pipeline.targets.loader import load_target
 
     config = TargetConfig(
         model=str(trained_target_dir),

@@ -1,7 +1,7 @@
 """Fixtures of the training tests: a tiny draft spec and committed reference shards.
 
 Torch runs single-threaded here: on a small shared machine OpenMP spin-waiting
-made two threads ~40x slower than one (measured, see pipeline/toy/reference_shards.py).
+made two threads ~40x slower than one (measured, see pipeline/demo/reference_shards.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def toy_shards(tmp_path_factory, trained_target_dir) -> Path:
     """~90 first-turn samples of the trained toy target in two shards (~20 s once)."""
-    from pipeline.toy.reference_shards import write_reference_shards
+    from pipeline.demo.reference_shards import write_reference_shards
 
     uri = tmp_path_factory.mktemp("train-shards") / "ds"
     write_reference_shards(uri, num_conversations=96, num_units=2)

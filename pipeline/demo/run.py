@@ -21,8 +21,8 @@ import logging
 import time
 from pathlib import Path
 
+from pipeline.demo import CONFIG_DIR
 from pipeline.logs import kv
-from pipeline.toy import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.toy.quality import quality_report
+from pipeline.demo.quality import quality_report
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ def _reference_ratios(tokenizer) -> dict[str, list[float]]:
     from collections import defaultdict
 
     from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
-    from pipeline.toy.quality import distinct_token_ratio
+    from pipeline.demo.quality import distinct_token_ratio
 
     ratios: dict[str, list[float]] = defaultdict(list)
     for conv in generate(SyntheticCorpusConfig(num_conversations=600, seed=3)):
