@@ -74,7 +74,7 @@ class OutputConfig(ConfigModel):
 
 
 class RegenerateConfig(ConfigModel):
-    """How the regeneration stage cuts the corpus into units and drives the replicas."""
+    """How the regeneration stage cuts the corpus into units and feeds the replicas."""
 
     # Regenerate every assistant turn (each given the regenerated history) or only the last.
     turns: Literal["all", "last"] = "all"
@@ -83,11 +83,22 @@ class RegenerateConfig(ConfigModel):
     # Fix the number of buckets (units) instead of deriving it from the corpus size;
     # keep it fixed across refreshes so unchanged units keep their ids.
     num_buckets: int | None = Field(None, gt=0)
-    # Requests per engine call inside a unit.
-    batch_size: int = Field(64, gt=0)
-    # Units queued per replica (backpressure: hidden states are written by the
-    # replica as they are produced and never travel to the driver).
-    max_units_in_flight_per_replica: int = Field(2, gt=0)
+    # Requests a replica keeps in its engine at once, from many units and turns
+    # (there is no batch barrier: a finished request's slot is refilled at once).
+    # None: the engine's own concurrency (vLLM max_num_seqs) plus a quarter, so
+    # the engine never waits for the next request.
+    max_requests_in_flight: int | None = Field(None, gt=0)
+    # Units a replica works on at once. None: enough to fill
+    # max_requests_in_flight with one conversation each, plus one.
+    max_units_in_flight_per_replica: int | None = Field(None, gt=0)
+    # Captured hidden states a replica holds in host memory (rows of requests in
+    # flight, reserved at prompt + answer budget; samples waiting to be encoded;
+    # encoded rows of units not yet written). Admission waits below this bound.
+    max_capture_memory_mb: int = Field(4096, gt=0)
+    # Threads per replica that encode samples (codec) and write shards; the
+    # codecs release the GIL (docs/capture.md: encode MB/s per core).
+    num_encode_workers: int = Field(2, gt=0)
+    num_write_workers: int = Field(1, gt=0)
     # Publish a version after this many finished units or seconds, and at the end.
     commit_every_units: int = Field(16, gt=0)
     commit_every_seconds: float = Field(300.0, gt=0)
@@ -95,6 +106,27 @@ class RegenerateConfig(ConfigModel):
     max_unit_attempts: int = Field(3, gt=0)
     # A prompt must leave at least this many tokens of context for the answer.
     min_answer_tokens: int = Field(8, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "batch_size" in data:
+            raise ValueError(
+                "batch_size was removed: replicas feed their engine continuously; "
+                "set max_requests_in_flight (or leave it unset for the engine's own concurrency)"
+            )
+        return data
+
+    def units_in_flight(self, max_requests_in_flight: int) -> int:
+        """Units per replica: the configured number, else enough to fill the engine."""
+        if self.max_units_in_flight_per_replica is not None:
+            return self.max_units_in_flight_per_replica
+        return -(-max_requests_in_flight // self.conversations_per_unit) + 1
+
+    def requests_in_flight(self, engine_concurrency: int) -> int:
+        if self.max_requests_in_flight is not None:
+            return self.max_requests_in_flight
+        return engine_concurrency + max(4, engine_concurrency // 4)
 
 
 class PipelineConfig(ConfigModel):

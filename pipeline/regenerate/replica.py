@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.regenerate.config import RayConfig, ReplicaConfig
-from pipeline.regenerate.unit import UnitResult, UnitSpec, regenerate_unit
+from pipeline.regenerate.config import RayConfig, RegenerateConfig, ReplicaConfig
+from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.unit import UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
-from pipeline.targets.base import Generation, GenerationRequest
-from pipeline.targets.config import GenerationConfig, TargetConfig
+from pipeline.targets.base import StreamingBackend
+from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,14 +27,15 @@ RAY_NAMESPACE = "dspark-targets"
 
 
 class RegenerateReplica:
-    """The replica actor's body: one capturing backend and its tokenizer.
+    """The replica actor's body: one capturing backend, fed continuously by an `EngineFeeder`.
 
-    A thin wrapper (STYLE.md): `regenerate` calls the unit job, `generate`
-    serves plain requests on the same engine (requests without capture
-    parameters are not captured).
+    An async actor: every in-flight unit is one awaiting `regenerate` call
+    (Ray runs up to 1000 at once), while the feeder's thread keeps the
+    engine stepping. If the engine fails the process exits, so Ray restarts
+    the actor with a fresh engine and the driver retries its units.
     """
 
-    def __init__(self, target: TargetConfig) -> None:
+    def __init__(self, target: TargetConfig, regenerate: RegenerateConfig) -> None:
         from transformers import AutoTokenizer
 
         from pipeline.logs import setup_logging
@@ -40,26 +43,61 @@ class RegenerateReplica:
         from pipeline.targets.resolve import resolve_model
 
         setup_logging()
+        started = time.monotonic()
         self.backend = load_target(target, capture=True)
-        self.tokenizer = AutoTokenizer.from_pretrained(
+        self.start_seconds = time.monotonic() - started
+        tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )
+        self.limits = feed_limits(regenerate, self.backend)
+        self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
+        self.feeder = EngineFeeder(self.backend, tokenizer, self.limits, on_fatal=_exit_process)
 
-    def ready(self) -> int:
-        """The actor's process id (tests and operators signal it)."""
-        return os.getpid()
+    def ready(self) -> dict[str, Any]:
+        """Process id, engine start seconds and how many units to keep in flight here."""
+        return {
+            "pid": os.getpid(),
+            "start_seconds": self.start_seconds,
+            "units_wanted": self.units_wanted,
+            "max_requests_in_flight": self.limits.max_requests_in_flight,
+        }
 
-    def regenerate(self, unit: WorkUnit, spec: UnitSpec) -> UnitResult:
-        return regenerate_unit(self.backend, self.tokenizer, unit, spec)
+    async def regenerate(self, unit: WorkUnit, spec: UnitSpec) -> UnitResult:
+        import asyncio
 
-    def generate(
-        self, requests: Sequence[GenerationRequest], params: GenerationConfig
-    ) -> list[Generation]:
-        return self.backend.generate(requests, params)
+        return await asyncio.wrap_future(self.feeder.submit_unit(unit, spec))
+
+    def stats(self) -> dict[str, Any]:
+        """The feeder's counters (steps, peak captured bytes, ...) and the write-back's."""
+        wb = self.feeder.writeback
+        return {
+            **self.feeder.stats.__dict__,
+            "encode_seconds": wb.encode_seconds,
+            "encoded_bytes": wb.encoded_bytes,
+            "writeback_peak_bytes": wb.peak_nbytes,
+            "max_capture_bytes": self.limits.max_capture_bytes,
+        }
 
     def close(self) -> None:
-        """Stop the engine and remove its capture spool (ray.kill alone runs no finalizer)."""
+        """Stop the feeder and the engine, remove the capture spool (ray.kill runs no finalizer)."""
+        self.feeder.close()
         self.backend.close()
+
+
+def feed_limits(regenerate: RegenerateConfig, backend: StreamingBackend) -> FeedLimits:
+    """The feeder's limits for a backend under a regeneration config."""
+    return FeedLimits(
+        max_requests_in_flight=regenerate.requests_in_flight(backend.max_concurrency),
+        max_capture_bytes=regenerate.max_capture_memory_mb << 20,
+        num_encode_workers=regenerate.num_encode_workers,
+        num_write_workers=regenerate.num_write_workers,
+    )
+
+
+def _exit_process(error: BaseException) -> None:
+    """A dead engine leaves the actor useless: exit, so Ray restarts it with a fresh one."""
+    log.error("replica exits after an engine failure: %r", error)
+    os._exit(1)
 
 
 def init_ray(config: RayConfig) -> None:
@@ -108,9 +146,15 @@ def placement_group_args(replicas: ReplicaConfig, index: int) -> dict[str, Any] 
 
 
 def start_replicas(
-    target: TargetConfig, replicas: ReplicaConfig, name_prefix: str | None = None
-) -> list[Any]:
+    target: TargetConfig,
+    replicas: ReplicaConfig,
+    regenerate: RegenerateConfig,
+    name_prefix: str | None = None,
+) -> tuple[list[Any], list[dict[str, Any]]]:
     """Start `num_replicas` `RegenerateReplica` actors; wait until each engine is loaded.
+
+    Returns the actors and what each `ready()` reported (pid, engine start
+    seconds, units to keep in flight).
 
     Ray restarts a dead actor up to `max_restarts` times (its engine reloads in
     `__init__`); calls in flight on it fail, and the caller decides what to retry.
@@ -139,9 +183,8 @@ def start_replicas(
             ray.get(pg.ready())
             # The actor itself takes no GPU: vLLM's workers claim the bundles.
             options.update(num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(pg))
-        actors.append(ray.remote(RegenerateReplica).options(**options).remote(target))
-    ray.get([a.ready.remote() for a in actors])
-    return actors
+        actors.append(ray.remote(RegenerateReplica).options(**options).remote(target, regenerate))
+    return actors, ray.get([a.ready.remote() for a in actors])
 
 
 def close_replicas(actors: Sequence[Any], timeout_s: float = 60.0) -> None:

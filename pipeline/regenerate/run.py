@@ -3,8 +3,9 @@
 `plan` reads the corpus and cuts it into deterministic units; the driver
 skips the units the dataset's latest version already holds (resume is a
 listing, `DatasetSink.on_write_start`) and feeds the rest to a pool of replica
-actors, at most `max_units_in_flight_per_replica` each (backpressure). Each
-actor regenerates a unit and writes its shard itself; only the shard's small
+actors, as many units each as it asks for to keep its engine full
+(`feeder.py`: requests from all of them share the engine). Each actor
+regenerates its units and writes their shards itself; only a shard's small
 `ShardInfo` comes back, and the sink publishes finished units in batches as
 new versions (exactly once: a unit's shard name derives from its inputs, and
 a version appears only through a create-only manifest put).
@@ -14,8 +15,8 @@ its unit goes back in the queue, preferring another replica, up to
 `max_unit_attempts`. A driver crash loses only uncommitted units, which the
 next run redoes; their shard files are overwritten under the same names.
 
-`run_local` runs the same plan, unit job and sink in this process on one
-backend, without Ray (the toy reference shards and tests use it).
+`run_local` runs the same plan, feeder, unit jobs and sink in this process
+on one backend, without Ray (the toy reference shards and tests use it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +99,8 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
     """The whole stage in this process on one backend (no Ray); resumable like `run_regenerate`."""
     from transformers import AutoTokenizer
 
-    from pipeline.regenerate.unit import regenerate_unit
+    from pipeline.regenerate.feeder import EngineFeeder
+    from pipeline.regenerate.replica import feed_limits
     from pipeline.targets.loader import load_target
     from pipeline.targets.resolve import resolve_model
 
@@ -106,22 +109,28 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
     if todo:
         spec = UnitSpec.from_config(config, run.provenance)
         backend = load_target(config.target, capture=True)
+        summary.engine_start_seconds = time.monotonic() - started
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(config.target.model), revision=config.target.revision
         )
+        feeder = EngineFeeder(backend, tokenizer, feed_limits(config.regenerate, backend))
         progress = Progress(sum(u.num_answers for u in todo), show_progress)
+        steady = time.monotonic()
         try:
-            for unit in todo:
-                result = regenerate_unit(backend, tokenizer, unit, spec)
+            futures = {feeder.submit_unit(unit, spec): unit for unit in todo}
+            for future in as_completed(futures):
+                result = future.result()
                 sink.on_unit_written(result.shard)
                 summary.add(result)
-                progress.update(unit.num_answers, result)
+                progress.update(futures[future].num_answers, result)
         except BaseException as err:
             sink.on_write_failed(err)
             raise
         finally:
             progress.close()
+            feeder.close()
             backend.close()
+        summary.steady_seconds = time.monotonic() - steady
     summary.version = sink.on_write_complete()
     summary.seconds = time.monotonic() - started
     return summary
@@ -141,10 +150,25 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
         return summary
     spec = UnitSpec.from_config(config, run.provenance)
     queue = deque((u, 1) for u in todo)
-    progress = Progress(sum(u.num_answers for u in todo), show_progress)
     init_ray(config.ray)
-    actors = start_replicas(config.target, config.replicas, replica_name_prefix(config))
-    per_actor = config.regenerate.max_units_in_flight_per_replica
+    engines = time.monotonic()
+    actors, ready = start_replicas(
+        config.target, config.replicas, config.regenerate, replica_name_prefix(config)
+    )
+    summary.engine_start_seconds = time.monotonic() - engines
+    log.info(
+        "replicas ready %s",
+        kv(
+            replicas=len(actors),
+            engine_start_s=round(summary.engine_start_seconds, 1),
+            units_in_flight_each=ready[0]["units_wanted"],
+            requests_in_flight_each=ready[0]["max_requests_in_flight"],
+        ),
+    )
+    # Rates count from here: every engine is up.
+    progress = Progress(sum(u.num_answers for u in todo), show_progress)
+    steady = time.monotonic()
+    per_actor = [info["units_wanted"] for info in ready]
     in_flight: dict[Any, tuple[WorkUnit, int, int]] = {}  # future -> (unit, attempt, actor index)
     load: Counter = Counter()
     failed_on: dict[str, set[int]] = {}
@@ -152,17 +176,15 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
         while queue or in_flight:
             while queue:
                 unit, attempt = queue[0]
-                index = _pick_actor(
-                    len(actors), load, per_actor, failed_on.get(unit.unit_id, set())
-                )
+                index = _pick_actor(per_actor, load, failed_on.get(unit.unit_id, set()))
                 if index is None:
                     break
                 queue.popleft()
                 future = actors[index].regenerate.remote(unit, spec)
                 in_flight[future] = (unit, attempt, index)
                 load[index] += 1
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
-            future = ready[0]
+            ready_refs, _ = ray.wait(list(in_flight), num_returns=1)
+            future = ready_refs[0]
             unit, attempt, index = in_flight.pop(future)
             load[index] -= 1
             try:
@@ -186,6 +208,8 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
             sink.on_unit_written(result.shard)
             summary.add(result)
             progress.update(unit.num_answers, result)
+        summary.steady_seconds = time.monotonic() - steady
+        summary.replica_stats = _replica_stats(actors)
     except BaseException as err:
         sink.on_write_failed(err)
         raise
@@ -203,14 +227,27 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
     return summary
 
 
+def _replica_stats(actors: list[Any]) -> list[dict[str, Any]]:
+    """Each replica's feeder counters (best effort: a dead replica reports nothing)."""
+    import ray
+
+    out = []
+    for actor in actors:
+        try:
+            out.append(ray.get(actor.stats.remote(), timeout=30))
+        except Exception:  # a replica that died at the end has no counters to give
+            out.append({})
+    return out
+
+
 def replica_name_prefix(config: PipelineConfig) -> str:
     """Ray actor names of a run's replicas: `<run name>-regenerate-<i>`."""
     return f"{config.name}-regenerate"
 
 
-def _pick_actor(num: int, load: Counter, limit: int, avoid: set[int]) -> int | None:
+def _pick_actor(limits: list[int], load: Counter, avoid: set[int]) -> int | None:
     """The least-loaded actor with room, preferring ones this unit has not failed on."""
-    candidates = [i for i in range(num) if load[i] < limit]
+    candidates = [i for i, limit in enumerate(limits) if load[i] < limit]
     if not candidates:
         return None
     fresh = [i for i in candidates if i not in avoid] or candidates

@@ -25,7 +25,10 @@ class RunSummary:
     bytes_written: int = 0
     errors_by_reason: Counter = field(default_factory=Counter)
     retries: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole call: planning, engine start, work, commits
+    engine_start_seconds: float = 0.0  # until every replica's engine was up
+    steady_seconds: float = 0.0  # from every engine up to the last unit written
+    replica_stats: list[dict] = field(default_factory=list)
 
     def add(self, result: UnitResult) -> None:
         """Count one finished unit."""
@@ -36,16 +39,59 @@ class RunSummary:
         self.bytes_written += result.shard.bytes
         self.errors_by_reason.update(e.reason for e in result.errors)
 
+    @property
+    def generated_tok_s(self) -> float:
+        """Steady-state generated tokens/s (engine start excluded)."""
+        return self.generated_tokens / self.steady_seconds if self.steady_seconds else 0.0
+
+    @property
+    def captured_tok_s(self) -> float:
+        """Steady-state tokens/s whose hidden states were stored (prompt + generated)."""
+        tokens = self.prompt_tokens + self.generated_tokens
+        return tokens / self.steady_seconds if self.steady_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        """The summary as JSON-ready data (`regenerate --summary-json`)."""
+        return {
+            "dataset_uri": self.dataset_uri,
+            "version": self.version,
+            "units": {
+                "total": self.units_total,
+                "done": self.units_done,
+                "already_committed": self.units_skipped,
+                "failed": list(self.units_failed),
+                "retries": self.retries,
+            },
+            "samples": self.samples,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "bytes_written": self.bytes_written,
+            "errors_by_reason": dict(sorted(self.errors_by_reason.items())),
+            "seconds": round(self.seconds, 3),
+            "engine_start_seconds": round(self.engine_start_seconds, 3),
+            "steady_seconds": round(self.steady_seconds, 3),
+            "generated_tok_s": round(self.generated_tok_s, 1),
+            "captured_tok_s": round(self.captured_tok_s, 1),
+            "replicas": self.replica_stats,
+        }
+
     def lines(self) -> list[str]:
-        rate = self.generated_tokens / self.seconds if self.seconds else 0.0
         out = [
             f"dataset: {self.dataset_uri} (version {self.version if self.version is not None else 'none'})",
             f"units: {self.units_done} done, {self.units_skipped} already committed, "
             f"{len(self.units_failed)} failed, of {self.units_total}; {self.retries} retried",
             f"samples: {self.samples}; tokens: {self.prompt_tokens} prompt + {self.generated_tokens} "
-            f"generated ({rate:.1f} generated tok/s)",
-            f"bytes written: {self.bytes_written / 1e6:.2f} MB in {self.seconds:.1f} s",
+            "generated",
         ]
+        if self.steady_seconds:
+            out.append(
+                f"engine start: {self.engine_start_seconds:.1f} s; then {self.steady_seconds:.1f} s "
+                f"at {self.generated_tok_s:.0f} generated tok/s, {self.captured_tok_s:.0f} "
+                "captured tok/s"
+            )
+        out.append(
+            f"bytes written: {self.bytes_written / 1e6:.2f} MB in {self.seconds:.1f} s in all"
+        )
         if self.errors_by_reason:
             out.append(
                 "errors by reason: "
@@ -57,7 +103,10 @@ class RunSummary:
 
 
 class Progress:
-    """A progress bar over answers with generated tokens/s and errors so far."""
+    """A progress bar over answers with generated tokens/s and errors so far.
+
+    Started once every engine is up, so its rate is the steady-state rate.
+    """
 
     def __init__(self, total: int, enabled: bool) -> None:
         from tqdm import tqdm

@@ -1,13 +1,18 @@
-"""One work unit: render prompts, generate + capture with the target, write the unit's shard.
+"""One work unit as a state machine: which request comes next, what each result becomes.
 
-This is the whole per-unit job, as a plain function over a backend, so it runs
-(and is tested) without Ray; the replica actor only calls it. Samples stream
-into the shard writer as each batch returns, so a unit's hidden states are
-held once, batch by batch, and never travel to the driver.
+A `UnitJob` knows nothing of engines or threads, so it runs (and is tested)
+without vLLM or Ray: the feeder (`feeder.py`) asks it for its first requests,
+hands it every finished result, and submits whatever it returns next. A
+multi-turn conversation's turn j is requested the moment turn j-1 returns,
+conditioned on the regenerated answer (`turns="all"`) or on the corpus'
+original history (`turns="last"`, which regenerates the final answer only).
+Results arrive in any order; the shard is written in sample-id order
+(`writeback.py`), so a retried unit writes the same rows in the same order.
 
-Multi-turn conversations are processed in rounds: round j answers user turn j
-of every conversation that has one, conditioned on the answers regenerated in
-rounds < j (`turns="all"`), so one engine batch mixes conversations and turns.
+A row that cannot be used (a prompt that leaves no room for the answer, a
+template the tokenizer rejects, an empty answer, an incomplete capture)
+becomes that row's error record; the conversation's later turns, which would
+condition on it, are recorded as `earlier_answer_failed`; the unit completes.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.corpus.records import RowError, sample_id
+from pipeline.corpus.records import Conversation, RowError, sample_id
 from pipeline.regenerate.units import WorkUnit
 from pipeline.render import (
     answer_budget,
@@ -27,11 +32,12 @@ from pipeline.render import (
     render_prompt,
 )
 from pipeline.shards.schema import Provenance
-from pipeline.targets.base import CapturingBackend, GenerationRequest
+from pipeline.targets.base import CapturedGeneration, GenerationRequest, RequestFailure, Result
 from pipeline.targets.config import GenerationConfig
 
 if TYPE_CHECKING:
     from pipeline.regenerate.config import PipelineConfig
+    from pipeline.shards.writer import Sample
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +53,6 @@ class UnitSpec:
     turns: str
     max_model_len: int
     min_answer_tokens: int
-    batch_size: int
 
     @classmethod
     def from_config(cls, config: PipelineConfig, provenance: Provenance) -> UnitSpec:
@@ -59,7 +64,6 @@ class UnitSpec:
             turns=config.regenerate.turns,
             max_model_len=config.target.max_model_len,
             min_answer_tokens=config.regenerate.min_answer_tokens,
-            batch_size=config.regenerate.batch_size,
         )
 
 
@@ -74,106 +78,123 @@ class UnitResult:
     seconds: float = 0.0
 
 
-def regenerate_unit(
-    backend: CapturingBackend, tokenizer, unit: WorkUnit, spec: UnitSpec
-) -> UnitResult:
-    """Regenerate and capture every answer of `unit`; write and close its shard."""
-    import torch
+class UnitJob:
+    """The conversations of one unit, turn by turn (see the module docstring)."""
 
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.writer import Sample
+    def __init__(self, unit: WorkUnit, spec: UnitSpec, tokenizer) -> None:
+        self.unit = unit
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.result = UnitResult(unit.unit_id, None)
+        self.started = time.monotonic()
+        self._turns = {
+            c.conversation_id: answer_turns(c.messages, spec.turns) for c in unit.conversations
+        }
+        self._answers: dict[str, list[str]] = {c.conversation_id: [] for c in unit.conversations}
+        self._in_flight: dict[str, tuple[Conversation, int]] = {}  # request id -> (conv, turn)
+        self.locations: dict[str, str] = {}  # sample id -> "file:row answer j", for error records
 
-    started = time.monotonic()
-    result = UnitResult(unit.unit_id, None)
-    dataset = Dataset.open(spec.dataset_uri, endpoint_url=spec.endpoint_url)
-    writer = dataset.writer(unit.unit_id, spec.provenance)
-    regenerated: dict[str, list[str]] = {c.conversation_id: [] for c in unit.conversations}
-    wanted = {c.conversation_id: answer_turns(c.messages, spec.turns) for c in unit.conversations}
-    dropped: set[str] = set()
-    try:
-        for round_ in range(max((max(t) + 1 for t in wanted.values() if t), default=0)):
-            requests, members = [], {}
-            for conv in unit.conversations:
-                cid = conv.conversation_id
-                if round_ not in wanted[cid]:
-                    continue
-                sid = sample_id(cid, round_)
-                where = f"{conv.location} answer {round_}"
-                if cid in dropped:
-                    result.errors.append(
-                        RowError(
-                            conv.source,
-                            where,
-                            "history_too_long",
-                            "an earlier answer of this conversation failed",
-                        )
-                    )
-                    continue
-                history = regenerated[cid] if spec.turns == "all" else None
-                prompt_ids = render_prompt(
-                    tokenizer, prompt_messages(conv.messages, round_, history)
+    @property
+    def done(self) -> bool:
+        """Every conversation answered or failed: nothing in flight, nothing left to ask."""
+        return not self._in_flight
+
+    def first_requests(self) -> list[GenerationRequest]:
+        """The first wanted turn of every conversation."""
+        out = []
+        for conv in self.unit.conversations:
+            turns = self._turns[conv.conversation_id]
+            if turns:
+                request = self._request(conv, turns[0])
+                if request is not None:
+                    out.append(request)
+        return out
+
+    def on_result(self, result: Result) -> tuple[Sample | None, list[GenerationRequest]]:
+        """The row a finished request becomes (None if it failed) and the requests that follow."""
+        conv, turn = self._in_flight.pop(result.request_id)
+        where = f"{conv.location} answer {turn}"
+        if isinstance(result, RequestFailure):
+            self._fail(conv, turn, result.reason, result.detail)
+            return None, []
+        if not isinstance(result, CapturedGeneration):
+            raise TypeError(f"{where}: expected a captured generation, got {type(result).__name__}")
+        try:
+            sample = self._sample(conv, result)
+        except ValueError as err:
+            self._fail(conv, turn, "empty_answer" if not result.output_ids else "bad_row", str(err))
+            return None, []
+        res = self.result
+        res.num_samples += 1
+        res.num_prompt_tokens += sample.num_prompt_tokens
+        res.num_generated_tokens += sample.num_generated_tokens
+        # The next turn sees this answer as text, as a chat client would send it.
+        self._answers[conv.conversation_id].append(
+            self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        )
+        turns = self._turns[conv.conversation_id]
+        later = [t for t in turns if t > turn]
+        nxt = self._request(conv, later[0]) if later else None
+        return sample, [nxt] if nxt is not None else []
+
+    # ------------------------------------------------------------------ internals
+
+    def _request(self, conv: Conversation, turn: int) -> GenerationRequest | None:
+        """The request for answer `turn`, or None (with an error record) if it cannot be made."""
+        spec = self.spec
+        history = self._answers[conv.conversation_id] if spec.turns == "all" else None
+        try:
+            prompt_ids = render_prompt(
+                self.tokenizer, prompt_messages(conv.messages, turn, history)
+            )
+        except Exception as err:  # a template or tokenizer error is this row's, not the run's
+            self._fail(conv, turn, "render_failed", f"{type(err).__name__}: {err}")
+            return None
+        budget = answer_budget(len(prompt_ids), spec.generation.max_new_tokens, spec.max_model_len)
+        if budget < spec.min_answer_tokens:
+            self._fail(
+                conv,
+                turn,
+                "prompt_too_long",
+                f"{len(prompt_ids)} prompt tokens leave {budget} of max_model_len {spec.max_model_len}",
+            )
+            return None
+        request = GenerationRequest(sample_id(conv.conversation_id, turn), prompt_ids, budget)
+        self._in_flight[request.request_id] = (conv, turn)
+        self.locations[request.request_id] = f"{conv.location} answer {turn}"
+        return request
+
+    def _fail(self, conv: Conversation, turn: int, reason: str, detail: str) -> None:
+        """Record the failed answer and every later wanted turn of the conversation."""
+        errors = self.result.errors
+        errors.append(RowError(conv.source, f"{conv.location} answer {turn}", reason, detail))
+        for later in (t for t in self._turns[conv.conversation_id] if t > turn):
+            errors.append(
+                RowError(
+                    conv.source,
+                    f"{conv.location} answer {later}",
+                    "earlier_answer_failed",
+                    f"answer {turn} of this conversation failed ({reason})",
                 )
-                budget = answer_budget(
-                    len(prompt_ids), spec.generation.max_new_tokens, spec.max_model_len
-                )
-                if budget < spec.min_answer_tokens:
-                    result.errors.append(
-                        RowError(
-                            conv.source,
-                            where,
-                            "prompt_too_long",
-                            f"{len(prompt_ids)} prompt tokens leave {budget} of max_model_len {spec.max_model_len}",
-                        )
-                    )
-                    dropped.add(cid)
-                    continue
-                requests.append(GenerationRequest(sid, prompt_ids, max_new_tokens=budget))
-                members[sid] = conv
-            for start in range(0, len(requests), spec.batch_size):
-                batch = requests[start : start + spec.batch_size]
-                for cap in backend.generate_and_capture(batch, spec.generation):
-                    conv = members[cap.request_id]
-                    try:
-                        row = assemble_row(cap.prompt_ids, cap.output_ids)
-                    except ValueError as err:
-                        result.errors.append(
-                            RowError(
-                                conv.source,
-                                f"{conv.location} answer {round_}",
-                                "empty_answer",
-                                str(err),
-                            )
-                        )
-                        dropped.add(conv.conversation_id)
-                        continue
-                    writer.write(
-                        Sample(
-                            sample_id=cap.request_id,
-                            source=conv.source,
-                            domain=conv.domain,
-                            input_ids=torch.tensor(row.input_ids, dtype=torch.int32),
-                            loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
-                            # Shards store bf16 (schema v1); a float32 reference
-                            # target rounds here, a bf16 engine is unchanged.
-                            hidden_states=cap.hidden_states.to(torch.bfloat16),
-                            last_hidden_state=cap.last_hidden_state.to(torch.bfloat16),
-                            finish_reason=cap.finish_reason,
-                            num_prompt_tokens=row.num_prompt_tokens,
-                            num_generated_tokens=row.num_generated_tokens,
-                        )
-                    )
-                    # The next turn sees this answer as text, as a chat client would send it.
-                    answer = tokenizer.decode(cap.output_ids, skip_special_tokens=True)
-                    regenerated[conv.conversation_id].append(answer)
-                    result.num_samples += 1
-                    result.num_prompt_tokens += row.num_prompt_tokens
-                    result.num_generated_tokens += row.num_generated_tokens
-        # A unit whose every answer failed still gets its (zero-row) shard, so
-        # it counts as done and a rerun does not redo it.
-        result.shard = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    dataset.write_errors(unit.unit_id, result.errors)
-    result.seconds = time.monotonic() - started
-    return result
+            )
+
+    def _sample(self, conv: Conversation, cap: CapturedGeneration) -> Sample:
+        import torch
+
+        from pipeline.shards.writer import Sample
+
+        row = assemble_row(cap.prompt_ids, cap.output_ids)
+        return Sample(
+            sample_id=cap.request_id,
+            source=conv.source,
+            domain=conv.domain,
+            input_ids=torch.tensor(row.input_ids, dtype=torch.int32),
+            loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
+            # Shards store bf16 (schema v1); a float32 reference target rounds
+            # here, a bf16 engine's tensors pass unchanged.
+            hidden_states=cap.hidden_states.to(torch.bfloat16),
+            last_hidden_state=cap.last_hidden_state.to(torch.bfloat16),
+            finish_reason=cap.finish_reason,
+            num_prompt_tokens=row.num_prompt_tokens,
+            num_generated_tokens=row.num_generated_tokens,
+        )

@@ -173,7 +173,6 @@ class ShardWriter:
         self.provenance = provenance
         from pipeline.shards import codecs  # torch, only once something is written
 
-        self._codecs = codecs
         self.codec = codecs.get_codec(provenance.codec)
         self.row_group_bytes = row_group_bytes
         self.schema = shard_arrow_schema(provenance, unit_id)
@@ -207,12 +206,21 @@ class ShardWriter:
 
     def write(self, sample: Sample) -> None:
         """Validate, encode and buffer one sample; flushes a row group when full."""
+        self.write_encoded(encode_sample(sample, self.provenance, self.codec, shard=self.key))
+
+    def write_encoded(self, row: EncodedRow) -> None:
+        """Buffer one sample encoded by `encode_sample` (e.g. in a worker thread)."""
         if self._done:
             raise ValueError(f"shard {self.key} is already closed")
-        row = self._encode(sample)
-        self._rows.append(row)
-        self._buffered += len(row["hidden_states"]) + len(row["last_hidden_state"])
-        self._buffered += 5 * len(row["input_ids"])
+        if row.sample_id in self._ids:
+            raise ValueError(
+                f"shard {self.key}, sample {row.sample_id!r}: duplicate sample_id in this unit"
+            )
+        self._ids.add(row.sample_id)
+        self._num_rows += 1
+        self._num_tokens += row.num_tokens
+        self._rows.append(row.columns)
+        self._buffered += row.nbytes
         if self._buffered >= self.row_group_bytes:
             self._flush()
 
@@ -280,63 +288,78 @@ class ShardWriter:
                 pass
             self._ctx.__exit__(RuntimeError, err, None)
 
-    # -------------------------------------------------------------- validation
 
-    def _encode(self, s: Sample) -> dict[str, Any]:
-        where = f"shard {self.key}, sample {s.sample_id!r}"
-        if not isinstance(s.sample_id, str) or not s.sample_id:
-            raise ValueError(f"shard {self.key}: sample_id must be a non-empty string")
-        if s.sample_id in self._ids:
-            raise ValueError(f"{where}: duplicate sample_id in this unit")
-        ids = _as_int_array(s.input_ids, np.int32, f"{where}: input_ids")
-        mask = _as_int_array(s.loss_mask, np.uint8, f"{where}: loss_mask")
-        num_tokens = len(ids)
-        if num_tokens == 0:
-            raise ValueError(f"{where}: input_ids is empty")
-        if len(mask) != num_tokens:
-            raise ValueError(f"{where}: loss_mask has {len(mask)} entries, input_ids {num_tokens}")
-        if mask.max() > 1:
-            raise ValueError(f"{where}: loss_mask must hold only 0 and 1")
-        if s.num_prompt_tokens < 0 or s.num_generated_tokens < 0:
-            raise ValueError(f"{where}: token counts must be non-negative")
-        if s.num_prompt_tokens + s.num_generated_tokens != num_tokens:
+@dataclass(frozen=True)
+class EncodedRow:
+    """One validated sample with its tensors already codec-encoded: a shard row."""
+
+    sample_id: str
+    num_tokens: int  # T
+    nbytes: int  # bytes held in memory (frames + token columns)
+    columns: dict[str, Any]  # the schema's columns
+
+
+def encode_sample(
+    s: Sample, provenance: Provenance, codec: Any, *, shard: str = "<unit>"
+) -> EncodedRow:
+    """Validate a sample against the provenance (T, layers, hidden size) and encode its tensors.
+
+    Pure and thread-safe (the codecs release the GIL in zstd and numpy), so
+    callers may encode in worker threads and hand rows to `write_encoded`.
+    """
+    from pipeline.shards import codecs
+
+    if not isinstance(s.sample_id, str) or not s.sample_id:
+        raise ValueError(f"shard {shard}: sample_id must be a non-empty string")
+    where = f"shard {shard}, sample {s.sample_id!r}"
+    ids = _as_int_array(s.input_ids, np.int32, f"{where}: input_ids")
+    mask = _as_int_array(s.loss_mask, np.uint8, f"{where}: loss_mask")
+    num_tokens = len(ids)
+    if num_tokens == 0:
+        raise ValueError(f"{where}: input_ids is empty")
+    if len(mask) != num_tokens:
+        raise ValueError(f"{where}: loss_mask has {len(mask)} entries, input_ids {num_tokens}")
+    if mask.max() > 1:
+        raise ValueError(f"{where}: loss_mask must hold only 0 and 1")
+    if s.num_prompt_tokens < 0 or s.num_generated_tokens < 0:
+        raise ValueError(f"{where}: token counts must be non-negative")
+    if s.num_prompt_tokens + s.num_generated_tokens != num_tokens:
+        raise ValueError(
+            f"{where}: num_prompt_tokens ({s.num_prompt_tokens}) + num_generated_tokens "
+            f"({s.num_generated_tokens}) != len(input_ids) ({num_tokens})"
+        )
+    if s.finish_reason not in _FINISH_REASONS:
+        raise ValueError(
+            f"{where}: finish_reason {s.finish_reason!r} is not one of {sorted(_FINISH_REASONS)}"
+        )
+    prov = provenance
+    expect = {
+        "hidden_states": (num_tokens, prov.hidden_states_width),
+        "last_hidden_state": (num_tokens, prov.hidden_size),
+    }
+    frames = {}
+    for name, shape in expect.items():
+        tensor = getattr(s, name)
+        if tuple(tensor.shape) != shape:
             raise ValueError(
-                f"{where}: num_prompt_tokens ({s.num_prompt_tokens}) + num_generated_tokens "
-                f"({s.num_generated_tokens}) != len(input_ids) ({num_tokens})"
+                f"{where}: {name} has shape {tuple(tensor.shape)}, expected {shape} "
+                f"(T={num_tokens}, {len(prov.aux_layer_ids)} layers x hidden_size {prov.hidden_size})"
             )
-        if s.finish_reason not in _FINISH_REASONS:
-            raise ValueError(
-                f"{where}: finish_reason {s.finish_reason!r} is not one of {sorted(_FINISH_REASONS)}"
-            )
-        prov = self.provenance
-        expect = {
-            "hidden_states": (num_tokens, prov.hidden_states_width),
-            "last_hidden_state": (num_tokens, prov.hidden_size),
-        }
-        frames = {}
-        for name, shape in expect.items():
-            tensor = getattr(s, name)
-            if tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"{where}: {name} has shape {tuple(tensor.shape)}, expected {shape} "
-                    f"(T={num_tokens}, {len(prov.aux_layer_ids)} layers x hidden_size {prov.hidden_size})"
-                )
-            try:
-                frames[name] = self._codecs.encode(tensor, self.codec)
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"{where}: {name}: {err}") from None
-        self._ids.add(s.sample_id)
-        self._num_rows += 1
-        self._num_tokens += num_tokens
-        return {
-            "sample_id": s.sample_id,
-            "source": s.source,
-            "domain": s.domain,
-            "input_ids": ids,
-            "loss_mask": mask,
-            "hidden_states": frames["hidden_states"],
-            "last_hidden_state": frames["last_hidden_state"],
-            "finish_reason": s.finish_reason,
-            "num_prompt_tokens": int(s.num_prompt_tokens),
-            "num_generated_tokens": int(s.num_generated_tokens),
-        }
+        try:
+            frames[name] = codecs.encode(tensor, codec)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{where}: {name}: {err}") from None
+    columns = {
+        "sample_id": s.sample_id,
+        "source": s.source,
+        "domain": s.domain,
+        "input_ids": ids,
+        "loss_mask": mask,
+        "hidden_states": frames["hidden_states"],
+        "last_hidden_state": frames["last_hidden_state"],
+        "finish_reason": s.finish_reason,
+        "num_prompt_tokens": int(s.num_prompt_tokens),
+        "num_generated_tokens": int(s.num_generated_tokens),
+    }
+    nbytes = len(frames["hidden_states"]) + len(frames["last_hidden_state"]) + 5 * num_tokens
+    return EncodedRow(s.sample_id, num_tokens, nbytes, columns)

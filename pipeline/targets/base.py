@@ -55,6 +55,46 @@ class CapturedGeneration:
     last_hidden_state: torch.Tensor
 
 
+@dataclass(frozen=True)
+class RequestFailure:
+    """A request the backend could not complete (e.g. its capture was incomplete)."""
+
+    request_id: str
+    reason: str  # stable short code, e.g. "capture_incomplete"
+    detail: str
+
+
+Result = Generation | CapturedGeneration | RequestFailure
+
+
+class StreamingBackend(Protocol):
+    """A target that takes requests one at a time and hands back each as it finishes.
+
+    What keeps an engine full: the caller submits while earlier requests run
+    and reacts to every finished one (a multi-turn conversation's next turn
+    goes in at once). `poll` advances the engine by one step.
+    """
+
+    aux_layer_ids: tuple[int, ...]  # ascending
+    hidden_size: int
+    max_concurrency: int  # requests the engine runs at once (vLLM's max_num_seqs)
+    capture_bytes_per_token: int  # host memory a captured request holds per token
+
+    def submit(
+        self, request: GenerationRequest, params: GenerationConfig, *, capture: bool = True
+    ) -> None:
+        """Queue a request; with `capture` its hidden states come back with it."""
+        ...
+
+    def poll(self) -> list[Result]:
+        """Advance the engine; the requests that finished (any order)."""
+        ...
+
+    def num_unfinished(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class TargetBackend(Protocol):
     """A loaded target that answers batches of prompts."""
 
@@ -69,7 +109,7 @@ class TargetBackend(Protocol):
         ...
 
 
-class CapturingBackend(TargetBackend, Protocol):
+class CapturingBackend(TargetBackend, StreamingBackend, Protocol):
     """A target backend that also captures hidden states while it generates."""
 
     aux_layer_ids: tuple[int, ...]  # ascending
@@ -88,3 +128,30 @@ def request_seed(base_seed: int, request_id: str) -> int:
 
     digest = hashlib.sha256(f"{base_seed}:{request_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def run_all(
+    backend: StreamingBackend,
+    requests: Sequence[GenerationRequest],
+    params: GenerationConfig,
+    *,
+    capture: bool,
+) -> list[Result]:
+    """Submit every request, poll until all finished; results in request order.
+
+    The batch entry points (`generate`, `generate_and_capture`) of both
+    backends, on top of their streaming interface. A failed request raises.
+    """
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ValueError("request ids must be unique within a batch (they key the results)")
+    for request in requests:
+        backend.submit(request, params, capture=capture)
+    done: dict[str, Result] = {}
+    while backend.num_unfinished():
+        for result in backend.poll():
+            done[result.request_id] = result
+    for result in done.values():
+        if isinstance(result, RequestFailure):
+            raise RuntimeError(f"{result.request_id!r}: {result.reason}: {result.detail}")
+    return [done[i] for i in ids]

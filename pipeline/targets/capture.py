@@ -189,18 +189,40 @@ class CaptureReader:
         return assemble(self.take_chunks())
 
 
-def assemble(chunks: list[CaptureChunk]) -> dict[str, torch.Tensor]:
-    """Per-request tensors from step-ordered chunks (last write wins); raises on holes."""
-    import torch
+class CaptureAssembler:
+    """Per-request rows built up from step-ordered chunks, taken out as requests finish.
 
-    pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-    for chunk in chunks:
-        offset = 0
-        for key, start, length in zip(chunk.keys, chunk.starts, chunk.lengths, strict=True):
-            pieces[key].append((start, chunk.rows[offset : offset + length]))
-            offset += length
-    out: dict[str, torch.Tensor] = {}
-    for key, parts in pieces.items():
+    A streaming engine drains its sink whenever a request finishes; the pieces
+    of requests still running stay here until theirs does. Add chunks in step
+    order: a later step overwrites an earlier one at the same position (a
+    rejected draft row, a recomputation after preemption).
+    """
+
+    def __init__(self) -> None:
+        self._pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        self.nbytes = 0  # bytes of rows held for requests not yet taken
+
+    def add(self, chunks: list[CaptureChunk]) -> None:
+        for chunk in chunks:
+            offset = 0
+            for key, start, length in zip(chunk.keys, chunk.starts, chunk.lengths, strict=True):
+                rows = chunk.rows[offset : offset + length]
+                self._pieces[key].append((start, rows))
+                self.nbytes += rows.numel() * rows.element_size()
+                offset += length
+
+    def keys(self) -> list[str]:
+        return list(self._pieces)
+
+    def take(self, key: str) -> torch.Tensor | None:
+        """`(num_positions, num_aux, H)` for positions 0.. of `key` (None if nothing came);
+        raises when a position was never written."""
+        import torch
+
+        parts = self._pieces.pop(key, None)
+        if not parts:
+            return None
+        self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
         end = max(start + rows.shape[0] for start, rows in parts)
         first = parts[0][1]
         buf = first.new_empty((end, *first.shape[1:]))
@@ -211,8 +233,18 @@ def assemble(chunks: list[CaptureChunk]) -> dict[str, torch.Tensor]:
         if not bool(written.all()):
             missing = (~written).nonzero().flatten()[:8].tolist()
             raise RuntimeError(f"capture {key!r}: positions never written: {missing}")
-        out[key] = buf
-    return out
+        return buf
+
+    def discard(self, key: str) -> None:
+        parts = self._pieces.pop(key, [])
+        self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
+
+
+def assemble(chunks: list[CaptureChunk]) -> dict[str, torch.Tensor]:
+    """Per-request tensors from step-ordered chunks (last write wins); raises on holes."""
+    assembler = CaptureAssembler()
+    assembler.add(chunks)
+    return {key: assembler.take(key) for key in assembler.keys()}
 
 
 # --------------------------------------------------------------------------- the final norm

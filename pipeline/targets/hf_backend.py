@@ -6,9 +6,17 @@ vLLM backend against it token for token.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
-from pipeline.targets.base import CapturedGeneration, Generation, GenerationRequest, request_seed
+from pipeline.targets.base import (
+    CapturedGeneration,
+    Generation,
+    GenerationRequest,
+    Result,
+    request_seed,
+    run_all,
+)
 from pipeline.targets.config import GenerationConfig, TargetConfig
 from pipeline.targets.resolve import shape_of
 
@@ -28,34 +36,56 @@ class HFTarget:
         text = getattr(self.model.config, "text_config", self.model.config)
         shape = shape_of(text.num_hidden_layers, text.hidden_size, config.aux_layer_ids, model_dir)
         self.aux_layer_ids, self.hidden_size = shape.aux_layer_ids, shape.hidden_size
+        # Host memory a request's captured rows take per token (k aux streams + the final one).
+        self.capture_bytes_per_token = (
+            (len(self.aux_layer_ids) + 1) * self.hidden_size * getattr(torch, config.dtype).itemsize
+        )
+        self._queue: deque[tuple[GenerationRequest, GenerationConfig, bool]] = deque()
+
+    # One sequence at a time: the streaming interface runs one request per poll.
+    max_concurrency = 1
+
+    def submit(
+        self, request: GenerationRequest, params: GenerationConfig, *, capture: bool = True
+    ) -> None:
+        self._queue.append((request, params, capture))
+
+    def num_unfinished(self) -> int:
+        return len(self._queue)
+
+    def poll(self) -> list[Result]:
+        if not self._queue:
+            return []
+        request, params, capture = self._queue.popleft()
+        gen = self._generate_one(request, params)
+        return [self.capture(gen) if capture else gen]
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
     ) -> list[Generation]:
+        return run_all(self, requests, params, capture=False)
+
+    def _generate_one(self, request: GenerationRequest, params: GenerationConfig) -> Generation:
+        """Sample one answer token by token with a KV cache (greedy at temperature 0)."""
         import torch
 
-        results = []
-        for request in requests:
-            limit = request.max_new_tokens or params.max_new_tokens
-            generator = torch.Generator().manual_seed(request_seed(params.seed, request.request_id))
-            ids = torch.tensor([request.prompt_ids])
-            past = None
-            step_input = ids
-            output: list[int] = []
-            finish = "length"
-            with torch.no_grad():
-                for _ in range(limit):
-                    out = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
-                    past = out.past_key_values
-                    logits = out.logits[0, -1].float()
-                    token = _sample(logits, params, generator)
-                    output.append(token)
-                    if token in self.eos_ids:
-                        finish = "stop"
-                        break
-                    step_input = torch.tensor([[token]])
-            results.append(Generation(request.request_id, list(request.prompt_ids), output, finish))
-        return results
+        limit = request.max_new_tokens or params.max_new_tokens
+        generator = torch.Generator().manual_seed(request_seed(params.seed, request.request_id))
+        step_input = torch.tensor([request.prompt_ids])
+        past = None
+        output: list[int] = []
+        finish = "length"
+        with torch.no_grad():
+            for _ in range(limit):
+                out = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = _sample(out.logits[0, -1].float(), params, generator)
+                output.append(token)
+                if token in self.eos_ids:
+                    finish = "stop"
+                    break
+                step_input = torch.tensor([[token]])
+        return Generation(request.request_id, list(request.prompt_ids), output, finish)
 
     def generate_and_capture(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
@@ -65,7 +95,7 @@ class HFTarget:
         The reference does two passes on purpose: it is the independent
         ground truth the single-pass vLLM capture is compared against.
         """
-        return [self.capture(g) for g in self.generate(requests, params)]
+        return run_all(self, requests, params, capture=True)
 
     def capture(self, gen: Generation) -> CapturedGeneration:
         """Hidden states of `gen`'s prompt + answer; the final (never fed) row is zero."""

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.logs import kv
-from pipeline.targets.base import CapturedGeneration, Generation, GenerationRequest, request_seed
+from pipeline.targets.base import (
+    CapturedGeneration,
+    Generation,
+    GenerationRequest,
+    RequestFailure,
+    Result,
+    request_seed,
+    run_all,
+)
 from pipeline.targets.config import GenerationConfig, TargetConfig
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,7 @@ class VLLMTarget:
         )
         self.llm = LLM(**kwargs)
         self.eos_id = self.llm.get_tokenizer().eos_token_id
+        self._in_flight: dict[str, tuple[GenerationRequest, bool]] = {}
 
     def _setup_capture(self, config: TargetConfig, model_dir: str, kwargs: dict[str, Any]) -> None:
         """Capture engine arguments, layer ids, the final norm and this engine's spool dir."""
@@ -75,6 +84,10 @@ class VLLMTarget:
         shape = target_shape(model_dir, config.revision, config.aux_layer_ids)
         num_layers = shape.num_layers
         self.aux_layer_ids, self.hidden_size = shape.aux_layer_ids, shape.hidden_size
+        # Host memory a request's captured rows take per token (k aux streams + the final one).
+        self.capture_bytes_per_token = (
+            (len(self.aux_layer_ids) + 1) * self.hidden_size * getattr(torch, config.dtype).itemsize
+        )
         self.dtype = getattr(torch, config.dtype)
         norm_weight, self.norm_eps = capture.load_final_norm(model_dir, config.revision)
         self.norm_weight = norm_weight.to(self.dtype)
@@ -106,6 +119,7 @@ class VLLMTarget:
         self.kv_config = capture.kv_transfer_config(transport, self.spool_dir)
         kwargs["kv_transfer_config"] = self.kv_config
         self.reader = capture.CaptureReader(self.kv_config)
+        self.assembler = capture.CaptureAssembler()
         _export_package_path()
 
     def sampling_params(
@@ -130,34 +144,80 @@ class VLLMTarget:
             extra_args=extra_args,
         )
 
-    def _run(self, requests: Sequence[GenerationRequest], params: GenerationConfig, capture: bool):
+    # ------------------------------------------------------------------ streaming
+
+    @property
+    def max_concurrency(self) -> int:
+        """Requests the engine schedules at once (vLLM's `max_num_seqs`)."""
+        return int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
+
+    def submit(
+        self, request: GenerationRequest, params: GenerationConfig, *, capture: bool = True
+    ) -> None:
+        """Queue one request in the engine; it runs alongside everything already in flight."""
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         from pipeline.targets.capture import capture_params
 
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        sampling = [
-            self.sampling_params(r, params, capture_params(r.request_id) if capture else None)
-            for r in requests
-        ]
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        results = []
-        for request, out in zip(requests, outputs, strict=True):
+        capture = capture and self.capture
+        if request.request_id in self._in_flight:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        sampling = self.sampling_params(
+            request, params, capture_params(request.request_id) if capture else None
+        )
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request
+        self.llm.llm_engine.add_request(
+            request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), sampling
+        )
+        self._in_flight[request.request_id] = (request, capture)
+
+    def num_unfinished(self) -> int:
+        return len(self._in_flight)
+
+    def poll(self) -> list[Result]:
+        """One engine step; the requests that finished in it, with their hidden states.
+
+        Every row of a finished request is in the capture sink before its output
+        is emitted (the connector copies inside the step), so the sink is
+        drained only when a capturing request finished; rows of requests still
+        running wait in the assembler.
+        """
+        finished = [o for o in self.llm.llm_engine.step() if o.finished]
+        if not finished:
+            return []
+        if any(self._in_flight[o.request_id][1] for o in finished):
+            self.assembler.add(self.reader.take_chunks())
+        results: list[Result] = []
+        for out in finished:
+            request, capture = self._in_flight.pop(out.request_id)
             completion = out.outputs[0]
-            results.append(
-                Generation(
-                    request_id=request.request_id,
-                    prompt_ids=list(request.prompt_ids),
-                    output_ids=list(completion.token_ids),
-                    finish_reason="stop" if completion.finish_reason == "stop" else "length",
-                )
+            gen = Generation(
+                request_id=request.request_id,
+                prompt_ids=list(request.prompt_ids),
+                output_ids=list(completion.token_ids),
+                finish_reason="stop" if completion.finish_reason == "stop" else "length",
             )
-        return results, outputs
+            if not capture:
+                results.append(gen)
+                continue
+            echoed = (out.kv_transfer_params or {}).get("capture_key")
+            try:
+                if echoed != gen.request_id:
+                    raise RuntimeError(f"the output echoes capture key {echoed!r}")
+                rows = self.assembler.take(gen.request_id)
+                if rows is None:
+                    raise RuntimeError("no hidden states were captured")
+                results.append(self._to_captured(gen, rows))
+            except RuntimeError as err:
+                self.assembler.discard(gen.request_id)
+                results.append(RequestFailure(gen.request_id, "capture_incomplete", str(err)))
+        return results
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
     ) -> list[Generation]:
-        return self._run(requests, params, capture=False)[0]
+        return run_all(self, requests, params, capture=False)
 
     def generate_and_capture(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
@@ -172,28 +232,7 @@ class VLLMTarget:
             raise TypeError(
                 "this vLLM target was loaded without capture; use load_target(config, capture=True)"
             )
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("request ids must be unique within a batch (they key the captures)")
-        self.reader.take_chunks()  # drop leftovers of an earlier failed call
-        try:
-            generations, outputs = self._run(requests, params, capture=True)
-        except BaseException:
-            self.reader.take_chunks()
-            raise
-        rows = self.reader.collect()
-        results = []
-        for gen, out in zip(generations, outputs, strict=True):
-            echoed = (out.kv_transfer_params or {}).get("capture_key")
-            if echoed != gen.request_id:
-                raise RuntimeError(
-                    f"vLLM output for {gen.request_id!r} echoes capture key {echoed!r}"
-                )
-            captured = rows.pop(gen.request_id, None)
-            if captured is None:
-                raise RuntimeError(f"no hidden states were captured for {gen.request_id!r}")
-            results.append(self._to_captured(gen, captured))
-        return results
+        return run_all(self, requests, params, capture=True)
 
     def _to_captured(self, gen: Generation, captured) -> CapturedGeneration:
         """(positions, k+1, H) engine rows -> the contract's (T, k*H) and (T, H) tensors."""
@@ -204,9 +243,7 @@ class VLLMTarget:
         num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
         fed = num_tokens - 1
         if captured.shape[0] < fed:
-            raise RuntimeError(
-                f"{gen.request_id!r}: captured {captured.shape[0]} positions, expected {fed}"
-            )
+            raise RuntimeError(f"captured {captured.shape[0]} positions, expected {fed}")
         k = len(self.aux_layer_ids)
         captured = captured[:fed].to(self.dtype)  # drop the draft row at position T-1
         hidden = torch.zeros(num_tokens, k * self.hidden_size, dtype=self.dtype)

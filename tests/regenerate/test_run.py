@@ -48,7 +48,7 @@ def _config(tmp_path, num_replicas=1, **regenerate):
             "generation": {"max_new_tokens": 48},
             "replicas": {"num_replicas": num_replicas, "num_cpus": 1},
             "output": {"uri": str(tmp_path / "dataset")},
-            "regenerate": {"conversations_per_unit": 2, "batch_size": 8, **regenerate},
+            "regenerate": {"conversations_per_unit": 2, **regenerate},
         },
         "test",
     )
@@ -93,7 +93,7 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
 def _replica_pid(ray, config, index):
     from pipeline.regenerate.run import replica_name_prefix
 
-    return ray.get(ray.get_actor(f"{replica_name_prefix(config)}-{index}").ready.remote())
+    return ray.get(ray.get_actor(f"{replica_name_prefix(config)}-{index}").ready.remote())["pid"]
 
 
 def test_sigkilled_replica_mid_run_every_sample_exactly_once(tmp_path, ray_local):

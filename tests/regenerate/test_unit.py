@@ -1,4 +1,4 @@
-"""The per-unit job without Ray: rows, loss masks, multi-turn history, length limits, errors."""
+"""The per-unit job without Ray (feeder + transformers backend): rows, loss masks, history, errors."""
 
 import pytest
 import torch
@@ -6,8 +6,9 @@ from transformers import AutoTokenizer
 
 from pipeline.corpus.records import Conversation, conversation_hash, sample_id
 from pipeline.regenerate.config import parse_config
+from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.provenance import build_provenance
-from pipeline.regenerate.unit import UnitSpec, regenerate_unit
+from pipeline.regenerate.unit import UnitSpec
 from pipeline.regenerate.units import plan_units
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
@@ -26,7 +27,16 @@ def backend(trained_target_dir):
     )
 
 
-def _spec(tmp_path, backend, trained_target_dir, turns="all", batch_size=2):
+def regenerate_unit(backend, tokenizer, unit, spec):
+    """One unit through the same feeder a replica runs, in this process."""
+    feeder = EngineFeeder(backend, tokenizer, FeedLimits(4, 1 << 30))
+    try:
+        return feeder.submit_unit(unit, spec).result(timeout=600)
+    finally:
+        feeder.close()
+
+
+def _spec(tmp_path, backend, trained_target_dir, turns="all"):
     config = parse_config(
         {
             "target": {
@@ -38,7 +48,7 @@ def _spec(tmp_path, backend, trained_target_dir, turns="all", batch_size=2):
             "corpus": {"sources": [{"path": "unused.jsonl"}]},
             "generation": {"max_new_tokens": 40},
             "output": {"uri": str(tmp_path / "ds")},
-            "regenerate": {"turns": turns, "batch_size": batch_size},
+            "regenerate": {"turns": turns},
         },
         "test",
     )

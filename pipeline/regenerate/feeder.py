@@ -1,0 +1,238 @@
+"""Keep one replica's engine full: requests from many units in flight, results handled as they land.
+
+One thread owns the engine (a `StreamingBackend`): it admits requests,
+advances the engine a step, and hands every finished request to its unit's
+`UnitJob`, whose next turn goes back in at once. There is no batch barrier:
+a long answer holds only its own slot while the engine keeps serving the
+rest. Why a step loop and not vLLM's AsyncLLM: the loop is the one place that
+sees both the engine and the capture sink, so a finished request's rows are
+taken exactly when its output arrives, admission can account every captured
+byte before it exists, and nothing needs an event loop inside the engine's
+process; vLLM's engine core runs in its own process and keeps stepping while
+this thread handles results (docs/capture.md).
+
+Admission: requests of older units first (a unit's shard is written when its
+last sample lands), up to `max_requests_in_flight` (a little above the
+engine's own `max_num_seqs`, so the engine never waits for the next request)
+and as long as captured memory stays under `max_capture_bytes`: every
+request reserves `(prompt + answer budget) x bytes per token` for its rows
+until it finishes, and the write-back's queued and encoded rows count until
+their shard is written. If nothing is in flight, one request is admitted even
+over the bound, so a bound smaller than one unit cannot deadlock (a warning
+says the bound is too small).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from pipeline.logs import kv
+from pipeline.regenerate.unit import UnitJob, UnitResult, UnitSpec
+from pipeline.regenerate.units import WorkUnit
+from pipeline.regenerate.writeback import ShardWriteback
+from pipeline.targets.base import GenerationRequest, StreamingBackend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FeedLimits:
+    max_requests_in_flight: int
+    max_capture_bytes: int
+    num_encode_workers: int = 2
+    num_write_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_requests_in_flight < 1 or self.max_capture_bytes < 1:
+            raise ValueError("max_requests_in_flight and max_capture_bytes must be positive")
+
+
+@dataclass
+class FeedStats:
+    """What the feeder did, for the run summary and the benchmark."""
+
+    requests: int = 0
+    steps: int = 0
+    step_seconds: float = 0.0  # in backend.poll
+    handle_seconds: float = 0.0  # turning results into samples and next requests
+    peak_capture_bytes: int = 0  # reserved rows + write-back, at its highest
+    peak_in_flight: int = 0
+    over_bound_admissions: int = 0
+
+
+class EngineFeeder:
+    """Runs one backend for many units at once (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: StreamingBackend,
+        tokenizer,
+        limits: FeedLimits,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.on_fatal = on_fatal
+        self.writeback = ShardWriteback(
+            num_encode_workers=limits.num_encode_workers,
+            num_write_workers=limits.num_write_workers,
+        )
+        self.stats = FeedStats()
+        self._cond = threading.Condition()
+        self._incoming: list[tuple[UnitJob, Future]] = []
+        self._futures: dict[int, Future] = {}  # id(job) -> its result
+        self._pending: list[tuple[tuple[int, int], int, UnitJob, GenerationRequest]] = []
+        self._order = itertools.count()
+        self._seq: dict[int, int] = {}  # id(job) -> admission priority (older first)
+        self._owner: dict[str, tuple[UnitJob, int]] = {}  # request id -> (job, reserved bytes)
+        self._reserved = 0
+        self._stopping = False
+        self._fatal: BaseException | None = None
+        self._warned_bound = False
+        self._thread = threading.Thread(target=self._run, name="engine-feeder", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ caller side
+
+    def submit_unit(self, unit: WorkUnit, spec: UnitSpec) -> Future[UnitResult]:
+        """Start `unit`; the future resolves once its shard is written."""
+        future: Future[UnitResult] = Future()
+        with self._cond:
+            if self._fatal is not None:
+                raise RuntimeError(f"the engine failed earlier: {self._fatal!r}")
+            if self._stopping:
+                raise RuntimeError("the feeder is closed")
+            self._incoming.append((UnitJob(unit, spec, self.tokenizer), future))
+            self._cond.notify()
+        return future
+
+    @property
+    def capture_bytes(self) -> int:
+        """Captured bytes held now: in-flight reservations + the write-back's rows."""
+        return self._reserved + self.writeback.nbytes
+
+    def close(self) -> None:
+        """Stop the loop (units still running fail) and the write-back workers."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=60)
+        self.writeback.close()
+        err = RuntimeError("the feeder was closed before the unit finished")
+        for future in list(self._futures.values()):
+            if not future.done():
+                future.set_exception(err)
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while (
+                        not self._stopping
+                        and not self._incoming
+                        and not self._pending
+                        and not self.backend.num_unfinished()
+                    ):
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    incoming, self._incoming = self._incoming, []
+                for job, future in incoming:
+                    self._start(job, future)
+                self._admit()
+                if not self.backend.num_unfinished():
+                    continue
+                started = time.perf_counter()
+                results = self.backend.poll()
+                polled = time.perf_counter()
+                self.stats.steps += 1
+                self.stats.step_seconds += polled - started
+                for result in results:
+                    self._on_result(result)
+                self.stats.handle_seconds += time.perf_counter() - polled
+                self._note_peak()
+        except BaseException as err:  # the engine is gone: fail every unit, let the owner decide
+            log.error("engine loop failed %s", kv(error=repr(err)))
+            with self._cond:
+                self._fatal = err
+            for future in list(self._futures.values()) + [f for _, f in self._incoming]:
+                if not future.done():
+                    future.set_exception(err)
+            if self.on_fatal is not None:
+                self.on_fatal(err)
+
+    def _start(self, job: UnitJob, future: Future) -> None:
+        key = id(job)
+        self._futures[key] = future
+        self._seq[key] = next(self._order)
+        for index, request in enumerate(job.first_requests()):
+            self._push(job, request, index)
+        if job.done:  # every conversation failed before reaching the engine
+            self._finish(job)
+
+    def _push(self, job: UnitJob, request: GenerationRequest, index: int) -> None:
+        priority = (self._seq[id(job)], index)
+        heapq.heappush(self._pending, (priority, next(self._order), job, request))
+
+    def _admit(self) -> None:
+        backend, limits = self.backend, self.limits
+        per_token = backend.capture_bytes_per_token
+        while self._pending and backend.num_unfinished() < limits.max_requests_in_flight:
+            _, _, job, request = self._pending[0]
+            cost = (len(request.prompt_ids) + request.max_new_tokens) * per_token
+            if self.capture_bytes + cost > limits.max_capture_bytes:
+                if backend.num_unfinished():
+                    break
+                self.stats.over_bound_admissions += 1
+                if not self._warned_bound:
+                    self._warned_bound = True
+                    log.warning(
+                        "capture memory bound below one request's rows plus unfinished units; "
+                        "admitting one at a time %s",
+                        kv(bound_mb=limits.max_capture_bytes >> 20, request_mb=cost >> 20),
+                    )
+            heapq.heappop(self._pending)
+            backend.submit(request, job.spec.generation)
+            self._owner[request.request_id] = (job, cost)
+            self._reserved += cost
+            self.stats.requests += 1
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, backend.num_unfinished())
+            self._note_peak()
+
+    def _note_peak(self) -> None:
+        self.stats.peak_capture_bytes = max(self.stats.peak_capture_bytes, self.capture_bytes)
+
+    def _on_result(self, result) -> None:
+        job, cost = self._owner.pop(result.request_id)
+        self._reserved -= cost
+        sample, follow_ups = job.on_result(result)
+        if sample is not None:
+            self.writeback.add(job, sample)
+        for request in follow_ups:
+            self._push(job, request, -1)  # a next turn goes ahead of its unit's first turns
+        if job.done:
+            self._finish(job)
+
+    def _finish(self, job: UnitJob) -> None:
+        key = id(job)
+        future = self._futures.pop(key)
+        self._seq.pop(key, None)
+
+        def done(result: UnitResult | None, error: BaseException | None) -> None:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self.writeback.finish(job, done)

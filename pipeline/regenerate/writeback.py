@@ -1,0 +1,139 @@
+"""Shard writing off the engine's path: encode samples in workers, write each unit when complete.
+
+Samples arrive from the feeder as requests finish, in any order and from
+many units at once. Each is encoded (codec, validation) in an encode worker
+as it arrives; a unit's encoded rows wait here until its last sample is in,
+then a write worker puts the shard (Parquet, sha256, upload) in sample-id
+order, writes the unit's error records, and resolves the unit's future. The
+engine never waits for any of it.
+
+Threads, not processes: the codecs spend their time in zstd and numpy, both
+of which release the GIL (docs/capture.md has the measured encode MB/s per
+core), and rows stay in one address space without copies.
+
+`nbytes` is what is held for samples the feeder handed over and whose shard
+is not written yet (raw tensors queued for encoding, then encoded rows); the
+feeder adds it to its own in-flight reservations to bound captured memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from pipeline.logs import kv
+
+if TYPE_CHECKING:
+    from pipeline.regenerate.unit import UnitJob, UnitResult
+    from pipeline.shards.writer import Sample
+
+log = logging.getLogger(__name__)
+
+
+def sample_nbytes(sample: Sample) -> int:
+    """Bytes of a sample's captured tensors (what it holds until encoded)."""
+    return sum(
+        t.numel() * t.element_size() for t in (sample.hidden_states, sample.last_hidden_state)
+    )
+
+
+class ShardWriteback:
+    """Background encoding and shard writing for the units of one replica."""
+
+    def __init__(self, *, num_encode_workers: int = 2, num_write_workers: int = 1) -> None:
+        if num_encode_workers < 1 or num_write_workers < 1:
+            raise ValueError("num_encode_workers and num_write_workers must be >= 1")
+        self._encode = ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
+        self._write = ThreadPoolExecutor(num_write_workers, thread_name_prefix="write")
+        # unit id -> (sample id, encoded row or error record, (prompt, generated) tokens)
+        self._rows: dict[str, list[tuple[str, Future, tuple[int, int]]]] = {}
+        self._lock = threading.Lock()
+        self.nbytes = 0
+        self.peak_nbytes = 0
+        self.encode_seconds = 0.0  # summed over workers
+        self.encoded_bytes = 0  # raw tensor bytes encoded
+
+    def _account(self, delta: int) -> None:
+        with self._lock:
+            self.nbytes += delta
+            self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+
+    def add(self, job: UnitJob, sample: Sample) -> None:
+        """Queue one sample of `job`'s unit for encoding."""
+        raw = sample_nbytes(sample)
+        self._account(raw)
+        future = self._encode.submit(self._encode_one, job, sample, raw)
+        counts = (sample.num_prompt_tokens, sample.num_generated_tokens)
+        self._rows.setdefault(job.unit.unit_id, []).append((sample.sample_id, future, counts))
+
+    def _encode_one(self, job: UnitJob, sample: Sample, raw: int):
+        """The encoded row, or the row's error record when the sample does not validate."""
+        from pipeline.corpus.records import RowError
+        from pipeline.shards.codecs import get_codec
+        from pipeline.shards.writer import encode_sample
+
+        started = time.perf_counter()
+        prov = job.spec.provenance
+        try:
+            row = encode_sample(sample, prov, get_codec(prov.codec), shard=job.unit.unit_id)
+        except (TypeError, ValueError) as err:
+            where = job.locations.get(sample.sample_id, sample.sample_id)
+            return RowError(sample.source, where, "invalid_sample", str(err))
+        finally:
+            self._account(-raw)
+        with self._lock:
+            self.encode_seconds += time.perf_counter() - started
+            self.encoded_bytes += raw
+        self._account(row.nbytes)
+        return row
+
+    def finish(
+        self, job: UnitJob, done: Callable[[UnitResult | None, BaseException | None], None]
+    ) -> None:
+        """Write `job`'s shard once its rows are encoded; then `done(result, error)`."""
+        rows = self._rows.pop(job.unit.unit_id, [])
+        self._write.submit(self._write_unit, job, rows, done)
+
+    def _write_unit(self, job: UnitJob, rows, done) -> None:
+        from pipeline.corpus.records import RowError
+        from pipeline.shards.manifest import Dataset
+
+        spec, result = job.spec, job.result
+        held = 0
+        try:
+            encoded = []
+            for sid, future, (prompt_tokens, generated_tokens) in rows:
+                row = future.result()
+                if isinstance(row, RowError):
+                    result.errors.append(row)
+                    result.num_samples -= 1
+                    result.num_prompt_tokens -= prompt_tokens
+                    result.num_generated_tokens -= generated_tokens
+                    continue
+                held += row.nbytes
+                encoded.append((sid, row))
+            encoded.sort(key=lambda r: r[0])
+            dataset = Dataset.open(spec.dataset_uri, endpoint_url=spec.endpoint_url)
+            # A unit whose every answer failed still gets its (zero-row) shard, so
+            # it counts as done and a rerun does not redo it.
+            with dataset.writer(job.unit.unit_id, spec.provenance) as writer:
+                for _, row in encoded:
+                    writer.write_encoded(row)
+            result.shard = writer.info
+            dataset.write_errors(job.unit.unit_id, result.errors)
+            result.seconds = time.monotonic() - job.started
+        except BaseException as err:
+            log.error("shard write failed %s", kv(unit=job.unit.unit_id, error=repr(err)))
+            done(None, err)
+            return
+        finally:
+            self._account(-held)  # rows that failed to encode were never counted
+        done(result, None)
+
+    def close(self) -> None:
+        self._encode.shutdown(wait=True, cancel_futures=True)
+        self._write.shutdown(wait=True, cancel_futures=True)
