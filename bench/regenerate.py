@@ -1,34 +1,38 @@
-"""Regeneration throughput: plain vLLM vs one-pass capture vs the field's two-pass flow (issue 4).
+"""Regeneration throughput on a realistic corpus: plain vLLM, the two-pass flow, `run_regenerate`.
 
-    .venv/bin/python bench/regenerate.py [--targets trained,large] [--rounds 2]
-        [--num-prompts 64] [--max-tokens 256] [--inprocess] [--profile]
+    .venv/bin/python bench/regenerate.py [--targets trained,large] [--rounds 3]
+        [--conversations 1000] [--profile] [--no-write]
 
-Same prompts (first user turns of the synthetic corpus, rendered with the
-target's template), same engine settings (bf16, max_model_len 1024, prefix
-caching off, gpu_memory_utilization 0.2), greedy, every answer forced to
-`--max-tokens` tokens (`ignore_eos`), one batch:
+Workload (what a user has): synthetic conversations of a held-out seed with
+their natural lengths, about 30% multi-turn, every assistant turn
+regenerated (`turns: all`, turn j conditioned on the regenerated turn j-1),
+greedy, EOS honoured, the default config (`pipeline/demo/configs/toy.yaml`:
+bf16, max_model_len 1024, up to 256 new tokens). Three paths on the same
+conversations, engine starts excluded from every rate (reported apart):
 
-(a) plain: a plain vLLM engine generates;
-(b) capture: the project's path, `regenerate_unit` on one work unit with the
-    capture engine: generation + capture + the unit's shard write (bf16 codec);
-(c) two-pass: the field's flow: (a)'s generation, then a second prefill pass
-    over prompt + answer (prefix caching off, the capture engine with
-    max_tokens=1) and one safetensors file per sample.
+(a) plain vLLM as a user would run it: `LLM.generate` with every request of
+    a turn round in one call (round j = turn j of every conversation that
+    has one, prompts rendered with the round j-1 answers), default engine
+    settings (prefix caching on);
+(b) the field's two-pass flow: (a), then a capture engine prefills prompt +
+    answer of every sample in one call (max_tokens 1, prefix caching off) and
+    one safetensors file per sample is written (raw bf16);
+(c) the shipped stage: `run_regenerate` with the default config, through a
+    local Ray, committing compressed shards; its steady-state rate (from
+    every engine up to the last shard written).
 
-Steady state: engine start and a warm-up batch are excluded; engine starts are
-reported apart (the two-pass flow loads the target twice). Only one engine
-exists at a time, so a round is a plain phase (a) then a capture phase (b, the
-second pass of c, and (b0) = the capture engine generating without capture:
-the cost of vLLM's method alone); rounds alternate so that the ratios see the
-same machine load. Figures are the fastest round (the shared machine's noise
-only ever slows a round down); every round is recorded too.
-
-P1 = b / a and P2 = b / c in tokens/s on the larger toy (`large`: hidden 512,
-8 layers). Results merge into bench/results.json (other benches' keys are
-kept); the section between this bench's markers in bench/RESULTS.md is
-replaced. `--inprocess` runs vLLM in this process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, in-process capture sink). `--profile`
-samples the capture phase with py-spy and prints where the time goes.
+Rounds alternate the order ((a, b) then (c), then (c) then (a, b), ...), so
+the ratios see the same machine load; every ratio is per round, reported as
+the median with its range. Rates: generated tok/s, and captured tok/s
+(prompt + generated tokens whose hidden states are stored). P1 = c / a and
+P2 = c / b in generated tok/s on the large toy; `regen_trained_P1/P2` on the
+trained toy. `--profile` samples (c) of the first round with py-spy (the
+replica process and its engine) and prints the shares of engine, capture
+transport, encoding, writing and Ray. Also measured: encode MB/s per core of
+the bf16 codec at the 2.8T example's width (hidden 7168 x 6 states), with one
+and two threads (the write-back's threads need the codec to release the GIL).
+Results merge into bench/results.json; this bench's section of RESULTS.md is
+replaced.
 """
 
 from __future__ import annotations
@@ -38,431 +42,477 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from results_file import merge_results, write_section  # bench/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RESULTS_JSON = ROOT / "bench" / "results.json"
-RESULTS_MD = ROOT / "bench" / "RESULTS.md"
-MAX_MODEL_LEN = 1024
-CORPUS_SEED = 21
+CORPUS_SEED = 7  # the toys trained on seed 0; this is held-out text
 
 
-def fixed_length_target_class():
-    """`VLLMTarget` whose answers always run to max_tokens (EOS ignored): equal work per run."""
-    from pipeline.targets.vllm_backend import VLLMTarget
+def bench_config(name: str, conversations: int, out: Path):
+    """The default regeneration config, on toy `name` and `conversations` held-out conversations."""
+    from pipeline.demo import CONFIG_DIR
+    from pipeline.regenerate.config import load_config
 
-    class FixedLengthTarget(VLLMTarget):
-        def sampling_params(self, request, params, extra_args=None):
-            from vllm import SamplingParams
+    return load_config(
+        CONFIG_DIR / "toy.yaml",
+        overrides={
+            "name": f"bench-{name}",
+            "target.model": f"toy:{name}",
+            "target.aux_layer_ids": None,  # the DFlash spacing for the toy's depth
+            "corpus.synthetic.num_conversations": conversations,
+            "corpus.synthetic.seed": CORPUS_SEED,
+            "output.uri": str(out),
+        },
+    )
 
-            return SamplingParams(
-                temperature=0.0,
-                max_tokens=request.max_new_tokens or params.max_new_tokens,
-                ignore_eos=True,
-                skip_special_tokens=False,
-                detokenize=False,
-                extra_args=extra_args,
+
+# --------------------------------------------------------------------------- (a) and (b)
+
+
+def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, int, int]:
+    """(a): turn rounds, each one `LLM.generate` call. Returns answers, seconds, tokens."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from pipeline.corpus.records import sample_id
+    from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt
+
+    gen = config.generation
+    eos = tokenizer.eos_token_id
+    turns = {c.conversation_id: answer_turns(c.messages, "all") for c in conversations}
+    texts: dict[str, list[str]] = {c.conversation_id: [] for c in conversations}
+    answers: dict[str, tuple[list[int], list[int]]] = {}  # sample id -> (prompt, answer)
+    alive = {c.conversation_id for c in conversations}
+    started = time.perf_counter()
+    for round_ in range(max(len(t) for t in turns.values())):
+        prompts, params, ids = [], [], []
+        for conv in conversations:
+            cid = conv.conversation_id
+            if cid not in alive or round_ not in turns[cid]:
+                continue
+            prompt = render_prompt(tokenizer, prompt_messages(conv.messages, round_, texts[cid]))
+            budget = answer_budget(len(prompt), gen.max_new_tokens, config.target.max_model_len)
+            if budget < config.regenerate.min_answer_tokens:
+                alive.discard(cid)
+                continue
+            prompts.append(TokensPrompt(prompt_token_ids=prompt))
+            params.append(
+                SamplingParams(
+                    temperature=0.0,
+                    max_tokens=budget,
+                    stop_token_ids=[eos],
+                    include_stop_str_in_output=True,
+                    skip_special_tokens=False,
+                    detokenize=False,
+                )
             )
-
-    return FixedLengthTarget
-
-
-class TimedBackend:
-    """Wraps the capture backend for `regenerate_unit`; records time spent in the engine call."""
-
-    def __init__(self, backend) -> None:
-        self.backend = backend
-        self.aux_layer_ids = backend.aux_layer_ids
-        self.hidden_size = backend.hidden_size
-        self.seconds = 0.0
-        self.collect_seconds = 0.0
-
-    def generate_and_capture(self, requests, params):
-        reader = self.backend.reader
-        collect = reader.collect
-
-        def timed_collect():
-            started = time.perf_counter()
-            try:
-                return collect()
-            finally:
-                self.collect_seconds += time.perf_counter() - started
-
-        reader.collect = timed_collect
-        started = time.perf_counter()
-        try:
-            return self.backend.generate_and_capture(requests, params)
-        finally:
-            self.seconds += time.perf_counter() - started
-            reader.collect = collect
+            ids.append((cid, prompt))
+        if not prompts:
+            break
+        for (cid, prompt), out in zip(
+            ids, llm.generate(prompts, params, use_tqdm=False), strict=True
+        ):
+            answer = list(out.outputs[0].token_ids)
+            if not answer:
+                alive.discard(cid)
+                continue
+            answers[sample_id(cid, round_)] = (prompt, answer)
+            texts[cid].append(tokenizer.decode(answer, skip_special_tokens=True))
+    seconds = time.perf_counter() - started
+    prompt_tokens = sum(len(p) for p, _ in answers.values())
+    generated = sum(len(a) for _, a in answers.values())
+    return answers, seconds, prompt_tokens, generated
 
 
-def build_unit(num_prompts: int):
-    from pipeline.corpus.records import Conversation
-    from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
-    from pipeline.regenerate.units import WorkUnit
-
-    spec = SyntheticCorpusConfig(
-        num_conversations=num_prompts, seed=CORPUS_SEED, multi_turn_fraction=0.0
-    )
-    convs = [
-        Conversation(c["id"], "bench", c["domain"], tuple(c["messages"]), f"bench:{i}")
-        for i, c in enumerate(generate(spec))
-    ]
-    convs.sort(key=lambda c: c.conversation_id)
-    return WorkUnit("u0-bench", 0, tuple(convs))
-
-
-def provenance(name: str, model_dir: str, aux: tuple[int, ...], hidden: int, generation):
-    from pipeline.shards.schema import Provenance
-    from pipeline.targets.identity import tokenizer_hash, weights_revision
-
-    return Provenance(
-        target_name=name,
-        target_revision=weights_revision(model_dir, None),
-        tokenizer_hash=tokenizer_hash(model_dir),
-        aux_layer_ids=aux,
-        hidden_size=hidden,
-        codec="bf16",
-        corpus_version=f"synthetic-{CORPUS_SEED}",
-        code_version="bench",
-        generation=generation.model_dump(),
-    )
-
-
-class Profiler:
-    """py-spy over this process and its children while a phase runs (raw collapsed stacks)."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.proc = None
-
-    def __enter__(self):
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        cmd = [spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--rate", "50"]
-        cmd += ["--format", "raw", "--output", str(self.out), "--nonblocking"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(timeout=120)
-
-
-def run_target(name: str, args, log: list[str]) -> dict:
+def second_pass(capture, answers: dict, out_dir: Path) -> float:
+    """(b)'s second pass: prefill prompt + answer with capture, one safetensors file per sample."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
-    from pipeline.regenerate.unit import UnitSpec, regenerate_unit
-    from pipeline.render import first_prompt, render_prompt
     from pipeline.targets.base import GenerationRequest
-    from pipeline.targets.config import GenerationConfig, TargetConfig
-    from pipeline.toy.target import build_toy_target
+    from pipeline.targets.config import GenerationConfig
 
-    model_dir = str(build_toy_target(name))
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    unit = build_unit(args.num_prompts)
-    # The same ids regenerate_unit renders (round 0, first user turn), in unit order.
-    requests = [
-        GenerationRequest(
-            f"{c.conversation_id}/0", render_prompt(tok, first_prompt(list(c.messages)))
+    requests = [GenerationRequest(sid, p + a, 1) for sid, (p, a) in answers.items()]
+    started = time.perf_counter()
+    caps = capture.generate_and_capture(requests, GenerationConfig(max_new_tokens=1))
+    out_dir.mkdir(parents=True)
+    for cap in caps:
+        prompt, answer = answers[cap.request_id]
+        n = len(prompt) + len(answer)  # every token of prompt + answer was fed
+        save_file(
+            {
+                "input_ids": torch.tensor(prompt + answer, dtype=torch.int32),
+                "loss_mask": torch.tensor([0] * len(prompt) + [1] * len(answer), dtype=torch.uint8),
+                "hidden_states": cap.hidden_states[:n].contiguous(),
+                "last_hidden_state": cap.last_hidden_state[:n].contiguous(),
+            },
+            str(out_dir / f"{cap.request_id}.safetensors"),
         )
-        for c in unit.conversations
-    ]
-    params = GenerationConfig(temperature=0.0, max_new_tokens=args.max_tokens)
-    warm = GenerationConfig(temperature=0.0, max_new_tokens=8)
-    config = TargetConfig(
-        model=model_dir,
-        dtype="bfloat16",
-        max_model_len=MAX_MODEL_LEN,
-        gpu_memory_utilization=0.2,
-        engine_kwargs={"enable_prefix_caching": False},
-    )
-    Target = fixed_length_target_class()
-    work = Path(tempfile.mkdtemp(prefix=f"bench-regen-{name}-"))
-    gen_tokens = args.num_prompts * args.max_tokens
-    prompt_tokens = sum(len(r.prompt_ids) for r in requests)
-    rounds = []
-    starts = {"plain": [], "capture": []}
+    os.sync()
+    return time.perf_counter() - started
+
+
+def run_a_b(config, conversations, work: Path) -> dict:
+    from transformers import AutoTokenizer
+    from vllm import LLM
+
+    from pipeline.targets.resolve import resolve_model
+    from pipeline.targets.vllm_backend import VLLMTarget, engine_kwargs
+
+    model_dir = resolve_model(config.target.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    t0 = time.perf_counter()
+    llm = LLM(**engine_kwargs(config.target, model_dir))  # vLLM's defaults: prefix caching on
+    start_a = time.perf_counter() - t0
+    answers, a_s, prompt_tokens, generated = plain_rounds(llm, tokenizer, config, conversations)
+    del llm
+    _free()
+    t0 = time.perf_counter()
+    capture = VLLMTarget(config.target, model_dir, capture=True)
+    start_b = time.perf_counter() - t0
+    b2_s = second_pass(capture, answers, work / "two-pass")
+    capture.close()
+    del capture
+    _free()
+    shutil.rmtree(work / "two-pass", ignore_errors=True)
+    return {
+        "a_s": a_s,
+        "b_s": a_s + b2_s,
+        "b_second_pass_s": b2_s,
+        "a_prompt_tokens": prompt_tokens,
+        "a_generated_tokens": generated,
+        "a_samples": len(answers),
+        "a_engine_start_s": start_a,
+        "b_engine_start_s": start_a + start_b,
+    }
+
+
+def _free() -> None:
+    import gc
+
+    gc.collect()
+
+
+# --------------------------------------------------------------------------- (c)
+
+
+def run_c(config, profile: Path | None) -> dict:
+    from pipeline.regenerate.run import replica_name_prefix, run_regenerate
+
+    spy = _Profiler(profile, f"{replica_name_prefix(config)}-0") if profile else None
+    if spy:
+        spy.start()
     try:
-        for round_ in range(args.rounds):
-            r: dict = {}
-            # ---- plain phase: (a)
-            t0 = time.perf_counter()
-            plain = Target(config, model_dir, capture=False)
-            starts["plain"].append(time.perf_counter() - t0)
-            plain.generate(requests[:4], warm)
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            answers = plain.generate(requests, params)
-            r["a_s"] = time.perf_counter() - t0
-            r["a_cpu_s"] = cpu_seconds() - c0
-            plain.close()
-            del plain
-            assert sum(len(g.output_ids) for g in answers) == gen_tokens
-            # ---- capture phase: (b), second pass of (c), (b0)
-            t0 = time.perf_counter()
-            cap = Target(config, model_dir, capture=True)
-            starts["capture"].append(time.perf_counter() - t0)
-            spec = UnitSpec(
-                dataset_uri=str(work / "dataset"),
-                endpoint_url=None,
-                provenance=provenance(
-                    f"toy:{name}", model_dir, cap.aux_layer_ids, cap.hidden_size, params
-                ),
-                generation=params,
-                turns="last",
-                max_model_len=MAX_MODEL_LEN,
-                min_answer_tokens=1,
-                batch_size=args.num_prompts,
-            )
-            # Warm-up through the whole unit path (imports, codec, writer) on 4 prompts.
-            warm_unit = type(unit)("u1-warmup", 1, unit.conversations[:4])
-            regenerate_unit(cap, tok, warm_unit, replace(spec, generation=warm))
-            timed = TimedBackend(cap)
-            profile = work / f"profile-{round_}.txt" if args.profile and round_ == 0 else None
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            if profile:
-                with Profiler(profile):
-                    result = regenerate_unit(timed, tok, unit, spec)
-            else:
-                result = regenerate_unit(timed, tok, unit, spec)
-            r["b_s"] = time.perf_counter() - t0
-            r["b_cpu_s"] = cpu_seconds() - c0
-            r["b_engine_call_s"] = timed.seconds
-            r["b_collect_s"] = timed.collect_seconds
-            r["b_shard_and_render_s"] = r["b_s"] - timed.seconds
-            r["shard_bytes"] = result.shard.bytes
-            assert result.num_generated_tokens == gen_tokens, result
-            # (c) second pass: prefill prompt + answer (from the plain engine) and capture.
-            second = [
-                GenerationRequest(f"{g.request_id}/prefill", g.prompt_ids + g.output_ids, 1)
-                for g in answers
-            ]
-            files = work / f"two-pass-{round_}"
-            files.mkdir()
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            caps = cap.generate_and_capture(second, params)
-            r["c_prefill_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for g, c in zip(answers, caps, strict=True):
-                n = len(c.prompt_ids)  # prompt + answer, all fed in the prefill
-                save_file(
-                    {
-                        "input_ids": torch.tensor(c.prompt_ids, dtype=torch.int32),
-                        "loss_mask": torch.tensor(
-                            [0] * len(g.prompt_ids) + [1] * len(g.output_ids), dtype=torch.uint8
-                        ),
-                        "hidden_states": c.hidden_states[:n].contiguous(),
-                        "last_hidden_state": c.last_hidden_state[:n].contiguous(),
-                    },
-                    str(files / f"{len(os.listdir(files)):05d}.safetensors"),
-                )
-            os.sync()
-            r["c_write_s"] = time.perf_counter() - t0
-            r["c_s"] = r["a_s"] + r["c_prefill_s"] + r["c_write_s"]
-            r["c_cpu_s"] = r["a_cpu_s"] + cpu_seconds() - c0
-            # (b0) the capture engine without capture: vLLM's method alone.
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            cap.generate(requests, params)
-            r["b0_s"] = time.perf_counter() - t0
-            r["b0_cpu_s"] = cpu_seconds() - c0
-            cap.close()
-            del cap
-            shutil.rmtree(files)
-            rounds.append({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()})
-            line = f"{name} round {round_}: " + json.dumps(rounds[-1])
-            print(line, flush=True)
-            log.append(line)
-            if profile:
-                summary = summarise_profile(profile, name)
-                print(summary, flush=True)
-                log.append(summary)
+        summary = run_regenerate(config, show_progress=False)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-    def best(key: str) -> float:
-        return min(r[key] for r in rounds)
-
-    out = {
-        "num_prompts": args.num_prompts,
-        "max_tokens": args.max_tokens,
-        "generated_tokens": gen_tokens,
-        "prompt_tokens": prompt_tokens,
-        "plain_tok_s": gen_tokens / best("a_s"),
-        "capture_tok_s": gen_tokens / best("b_s"),
-        "two_pass_tok_s": gen_tokens / best("c_s"),
-        "capture_engine_no_capture_tok_s": gen_tokens / best("b0_s"),
-        "second_pass_prefill_s": best("c_prefill_s"),
-        "second_pass_write_s": best("c_write_s"),
-        "engine_start_plain_s": min(starts["plain"]),
-        "engine_start_capture_s": min(starts["capture"]),
-        "rounds": rounds,
+        if spy:
+            spy.stop()
+    stats = summary.replica_stats[0] if summary.replica_stats else {}
+    return {
+        "c_s": summary.steady_seconds,
+        "c_total_s": summary.seconds,
+        "c_engine_start_s": summary.engine_start_seconds,
+        "c_prompt_tokens": summary.prompt_tokens,
+        "c_generated_tokens": summary.generated_tokens,
+        "c_samples": summary.samples,
+        "c_errors": sum(summary.errors_by_reason.values()),
+        "c_bytes": summary.bytes_written,
+        "c_peak_capture_mb": stats.get("peak_capture_bytes", 0) / 2**20,
+        "c_peak_in_flight": stats.get("peak_in_flight", 0),
+        "c_engine_steps": stats.get("steps", 0),
+        "c_step_s": stats.get("step_seconds", 0.0),
+        "c_handle_s": stats.get("handle_seconds", 0.0),
+        "c_encode_s": stats.get("encode_seconds", 0.0),
     }
-    out["P1"] = out["capture_tok_s"] / out["plain_tok_s"]
-    out["P2"] = out["capture_tok_s"] / out["two_pass_tok_s"]
-    # Per-round ratios (adjacent phases), to show the spread the fastest-round figures hide.
-    out["P1_per_round"] = [r["a_s"] / r["b_s"] for r in rounds]
-    out["P2_per_round"] = [r["c_s"] / r["b_s"] for r in rounds]
-    # The same ratios in CPU seconds of our processes (less sensitive to other jobs).
-    out["P1_cpu"] = min(r["a_cpu_s"] for r in rounds) / min(r["b_cpu_s"] for r in rounds)
-    out["P2_cpu"] = min(r["c_cpu_s"] for r in rounds) / min(r["b_cpu_s"] for r in rounds)
-    out["capture_engine_no_capture_cpu_ratio"] = min(r["a_cpu_s"] for r in rounds) / min(
-        r["b0_cpu_s"] for r in rounds
-    )
-    return out
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its live descendants (the engine's).
+class _Profiler:
+    """py-spy over the replica actor (and its engine process) while (c) runs."""
 
-    On a shared machine wall time swings with other jobs; CPU time of our own
-    processes much less, as long as no process of ours spin-waits (the
-    multiprocessing engine's core process polls its workers, so there it grows
-    with wall time; in-process runs have no such poller).
-    """
-    import psutil
+    def __init__(self, out: Path, actor_name: str) -> None:
+        self.out, self.actor_name = out, actor_name
+        self.proc = None
+        self.thread = threading.Thread(target=self._attach, daemon=True)
 
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
+    def start(self) -> None:
+        self.thread.start()
+
+    def _attach(self) -> None:
+        import ray
+
+        from pipeline.regenerate.replica import RAY_NAMESPACE
+
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                actor = ray.get_actor(self.actor_name, namespace=RAY_NAMESPACE)
+                pid = ray.get(actor.ready.remote(), timeout=600)["pid"]
+                break
+            except Exception:
+                time.sleep(1)
+        else:
+            return
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        cmd = [spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "50", "--idle"]
+        cmd += ["--format", "raw", "--output", str(self.out), "--nonblocking"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        import signal
+
+        self.thread.join(timeout=5)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=120)
 
 
-def summarise_profile(path: Path, name: str, top: int = 25) -> str:
-    """Self-time share of the hottest frames (leaf) and of selected subtrees, from py-spy raw output."""
-    leaf: dict[str, int] = {}
+SHARES = {
+    # label: substrings of a stack that put a sample there (first match wins)
+    "capture transport (connector gather + spool write)": ("capture_connector.py",),
+    "capture transport (spool read + assembly)": ("take_chunks", "read_spool", "CaptureAssembler"),
+    "contract tensors + final norm": ("_to_captured",),
+    "encoding (codecs)": ("codecs.py",),
+    "shard writing (Parquet, hash, storage)": ("shards/writer.py", "pyarrow", "storage/"),
+    "target forward": ("qwen3.py", "layers/", "attention"),
+    "engine: scheduler, sampler, spec decode, outputs": ("vllm/",),
+    "feeder and unit jobs": ("regenerate/feeder.py", "regenerate/unit.py", "render.py"),
+    "Ray": ("ray/",),
+}
+
+
+def summarise_profile(path: Path) -> dict[str, float]:
+    """Share of samples (all threads of both processes, idle included) per part."""
+    counts = dict.fromkeys([*SHARES, "idle / waiting", "other"], 0)
     total = 0
-    marks = {
-        "connector wait_for_save (gather + sink)": "wait_for_save (pipeline/targets",
-        "spool write (safetensors)": "write_spool (pipeline/targets",
-        "owner: read spool + assemble": "collect (pipeline/targets/capture.py",
-        "owner: contract tensors + final norm": "_to_captured (pipeline/targets",
-        "shard writer (encode + write)": "pipeline/shards/writer.py",
-        "rejection sampler": "rejection_sampler.py",
-        "extract_hidden_states proposer": "spec_decode/extract_hidden_states.py",
-        "target model forward": "qwen3.py",
-        "spin-wait (shm broadcast sched_yield)": "sched_yield",
-    }
-    subtree = dict.fromkeys(marks, 0)
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
             continue
         n = int(count)
         total += n
-        frames = stack.split(";")
-        leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
-        for label, needle in marks.items():
-            if needle in stack:
-                subtree[label] += n
-    lines = [f"py-spy {name}: {total} samples (all processes; idle waits included)"]
-    lines += [f"  subtree {k}: {100 * v / max(total, 1):.1f}%" for k, v in subtree.items()]
-    for frame, n in sorted(leaf.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"  leaf {100 * n / max(total, 1):5.1f}%  {frame}")
-    return "\n".join(lines)
+        leaf = stack.rsplit(";", 1)[-1]
+        if any(w in leaf for w in ("wait", "select", "poll", "sleep", "recv", "epoll", "acquire")):
+            counts["idle / waiting"] += n
+            continue
+        for label, needles in SHARES.items():
+            if any(needle in stack for needle in needles):
+                counts[label] += n
+                break
+        else:
+            counts["other"] += n
+    return {k: round(100 * v / max(total, 1), 1) for k, v in counts.items()}
 
 
-def write_markdown(results: dict, args, load: float, mode: str, tag: str, profile: str) -> None:
+# --------------------------------------------------------------------------- codec speed
+
+
+def encode_rates(tokens: int = 512, hidden: int = 7168, states: int = 6) -> dict:
+    """bf16 codec MB/s per core at the 2.8T example's width, 1 and 2 threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from pipeline.shards import codecs
+
+    g = torch.Generator().manual_seed(0)
+    width = hidden * states
+    x = torch.randn(tokens, width, generator=g) * torch.exp(0.5 * torch.randn(width, generator=g))
+    x = x.to(torch.bfloat16)
+    mb = x.numel() * 2 / 1e6
+    out = {}
+    for threads in (1, 2):
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda _: codecs.encode(x, "bf16"), range(threads)))
+            c0, t0 = time.process_time(), time.perf_counter()
+            list(pool.map(lambda _: codecs.encode(x, "bf16"), range(4 * threads)))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        out[f"encode_{threads}t_MBps"] = 4 * threads * mb / wall
+        out[f"encode_{threads}t_MBps_per_cpu_s"] = 4 * threads * mb / cpu
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_target(name: str, args, log: list[str]) -> dict:
+    from pipeline.corpus.ingest import load_corpus
+    from pipeline.regenerate.replica import init_ray
+    from pipeline.toy.target import build_toy_target
+
+    build_toy_target(name)
+    work = Path(tempfile.mkdtemp(prefix=f"bench-regen-{name}-"))
+    rounds = []
+    profile_shares = None
+    try:
+        config = bench_config(name, args.conversations, work / "unused")
+        conversations = load_corpus(config.corpus).conversations
+        init_ray(config.ray)
+        for round_ in range(args.rounds):
+            r: dict = {}
+            order = ("ab", "c") if round_ % 2 == 0 else ("c", "ab")
+            for phase in order:
+                if phase == "ab":
+                    r.update(run_a_b(config, conversations, work / f"r{round_}"))
+                else:
+                    cfg = bench_config(name, args.conversations, work / f"r{round_}-dataset")
+                    profile = work / "profile.txt" if args.profile and round_ == 0 else None
+                    r.update(run_c(cfg, profile))
+                    if profile and profile.exists():
+                        profile_shares = summarise_profile(profile)
+            r["a_tok_s"] = r["a_generated_tokens"] / r["a_s"]
+            r["b_tok_s"] = r["a_generated_tokens"] / r["b_s"]
+            r["c_tok_s"] = r["c_generated_tokens"] / r["c_s"]
+            r["b_captured_tok_s"] = (r["a_generated_tokens"] + r["a_prompt_tokens"]) / r["b_s"]
+            r["c_captured_tok_s"] = (r["c_generated_tokens"] + r["c_prompt_tokens"]) / r["c_s"]
+            r["P1"] = r["c_tok_s"] / r["a_tok_s"]
+            r["P2"] = r["c_tok_s"] / r["b_tok_s"]
+            rounds.append({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()})
+            line = f"{name} round {round_} ({'+'.join(order)}): " + json.dumps(rounds[-1])
+            print(line, flush=True)
+            log.append(line)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(key: str) -> dict:
+        values = [r[key] for r in rounds]
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    out = {
+        "conversations": len(conversations),
+        "samples": rounds[0]["c_samples"],
+        "generated_tokens": rounds[0]["c_generated_tokens"],
+        "prompt_tokens": rounds[0]["c_prompt_tokens"],
+        **{
+            k: med(k)
+            for k in (
+                "a_tok_s",
+                "b_tok_s",
+                "c_tok_s",
+                "b_captured_tok_s",
+                "c_captured_tok_s",
+                "P1",
+                "P2",
+            )
+        },
+        **{
+            k: med(k)
+            for k in (
+                "a_engine_start_s",
+                "b_engine_start_s",
+                "c_engine_start_s",
+                "c_peak_capture_mb",
+            )
+        },
+        "rounds": rounds,
+    }
+    if profile_shares:
+        out["profile_c_percent"] = profile_shares
+    return out
+
+
+def write_markdown(results: dict, codec: dict, args, load: float) -> None:
+    def fmt(d: dict, digits: int = 0) -> str:
+        return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
+
     lines = [
-        f"# Regeneration benchmark (bench/regenerate.py{tag})",
+        "# Regeneration benchmark (bench/regenerate.py)",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other jobs, "
-        f"load average {load:.1f} at start. vLLM CPU ({mode}), bf16, greedy, "
-        f"{args.num_prompts} prompts x {args.max_tokens} generated tokens (EOS ignored), one batch, "
-        f"prefix caching off, {args.rounds} alternating rounds; figures are the fastest round.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f} at "
+        f"start. vLLM CPU, {args.conversations} synthetic conversations (seed {CORPUS_SEED}, "
+        "~30% multi-turn, `turns: all`), natural lengths, EOS honoured, greedy, the default "
+        f"config (pipeline/demo/configs/toy.yaml); {args.rounds} alternating rounds; medians "
+        "with [min-max] over rounds; engine starts excluded from rates.",
         "",
-        "| target | (a) plain tok/s | (b) capture tok/s | (c) two-pass tok/s | P1 = b/a | P2 = b/c "
-        "| P1 / P2 in CPU seconds | b0: capture engine, no capture, tok/s "
-        "| engine start plain / capture (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | samples | (a) plain tok/s | (b) two-pass tok/s | (c) run_regenerate tok/s "
+        "| (c) captured tok/s | P1 = c/a | P2 = c/b | engine start a / b / c (s) "
+        "| (c) peak captured MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['plain_tok_s']:.0f} | {r['capture_tok_s']:.0f} | "
-            f"{r['two_pass_tok_s']:.0f} | {r['P1']:.3f} | {r['P2']:.3f} | "
-            f"{r['P1_cpu']:.3f} / {r['P2_cpu']:.3f} | "
-            f"{r['capture_engine_no_capture_tok_s']:.0f} | "
-            f"{r['engine_start_plain_s']:.0f} / {r['engine_start_capture_s']:.0f} |"
+            f"| {name} | {r['samples']} | {fmt(r['a_tok_s'])} | {fmt(r['b_tok_s'])} | "
+            f"{fmt(r['c_tok_s'])} | {fmt(r['c_captured_tok_s'])} | {fmt(r['P1'], 3)} | "
+            f"{fmt(r['P2'], 3)} | {r['a_engine_start_s']['median']:.0f} / "
+            f"{r['b_engine_start_s']['median']:.0f} / {r['c_engine_start_s']['median']:.0f} | "
+            f"{r['c_peak_capture_mb']['median']:.0f} |"
         )
-    lines += ["", "Per round (seconds):", ""]
+    lines += [
+        "",
+        "bf16 codec at the 2.8T example's width (hidden 7168 x 6 states, 512 tokens): "
+        f"{codec['encode_1t_MBps']:.0f} MB/s on one thread ({codec['encode_1t_MBps_per_cpu_s']:.0f} "
+        f"MB per CPU second); {codec['encode_2t_MBps']:.0f} MB/s on two threads "
+        f"({codec['encode_2t_MBps_per_cpu_s']:.0f} MB per CPU second).",
+        "",
+        "Per round:",
+        "",
+    ]
     for name, r in results.items():
         for i, rnd in enumerate(r["rounds"]):
-            lines.append(f"* {name} round {i}: " + ", ".join(f"{k} {v}" for k, v in rnd.items()))
-    if profile:
-        lines += [
-            "",
-            "Profile (py-spy, capture phase of the first round):",
-            "",
-            "```",
-            profile,
-            "```",
-        ]
-    write_section(f"bench/regenerate.py{tag}", "\n".join(lines))
+            keep = {k: v for k, v in rnd.items() if not k.endswith("tokens") or k.startswith("c_")}
+            lines.append(f"* {name} round {i}: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
+        if "profile_c_percent" in r:
+            lines += ["", f"Profile of (c) on {name}, first round (py-spy, % of samples):", ""]
+            lines += [f"* {k}: {v}%" for k, v in r["profile_c_percent"].items()]
+    write_section("bench/regenerate.py", "\n".join(lines))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default="trained,large")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--inprocess", action="store_true")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--conversations", type=int, default=1000)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
     args = p.parse_args()
-    if args.inprocess:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ["DSPARK_CAPTURE_TRANSPORT"] = "inprocess"
+    from pipeline.logs import setup_logging
+
+    setup_logging()
     load = os.getloadavg()[0]
+    codec = encode_rates()
+    print(json.dumps({"codec": codec}), flush=True)
     log: list[str] = []
     results: dict[str, dict] = {}
     for name in args.targets.split(","):
         results[name] = run_target(name, args, log)
-        summary = {k: v for k, v in results[name].items() if k != "rounds"}
-        print(json.dumps({name: summary}), flush=True)
+        print(
+            json.dumps({name: {k: v for k, v in results[name].items() if k != "rounds"}}),
+            flush=True,
+        )
         if not args.no_write:  # after each target, so a long run keeps what it measured
-            record(results, args, load, log)
+            record(results, codec, args, load)
 
 
-def record(results: dict, args, load: float, log: list[str]) -> None:
-    mode = (
-        "in-process engine, in-process sink" if args.inprocess else "engine-core subprocess, spool"
-    )
-    tag = " --inprocess" if args.inprocess else ""
-    key = "regen_inprocess_" if args.inprocess else "regen_"
-    flat: dict = {f"{key}bench_load_average": round(load, 2), f"{key}bench_mode": mode}
+def record(results: dict, codec: dict, args, load: float) -> None:
+    from results_file import RESULTS_JSON
+
+    # Keys of the earlier single-batch benchmark describe another workload: drop them.
+    if RESULTS_JSON.exists():
+        current = json.loads(RESULTS_JSON.read_text())
+        stale = [k for k in current if k.startswith(("regen_", "P1", "P2"))]
+        for key in stale:
+            current.pop(key)
+        RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    flat: dict = {"regen_bench_load_average": round(load, 2)}
+    flat.update({f"regen_codec_{k}": round(v, 1) for k, v in codec.items()})
     for name, r in results.items():
-        for field, value in r.items():
-            if field == "rounds":
-                continue
-            flat[f"{key}{name}_{field}"] = (
-                [round(v, 3) for v in value] if isinstance(value, list) else round(value, 3)
-            )
-    if "large" in results:
-        suffix = "_inprocess" if args.inprocess else ""
-        flat["P1" + suffix] = round(results["large"]["P1"], 3)
-        flat["P2" + suffix] = round(results["large"]["P2"], 3)
+        prefix = "regen_" if name == "large" else f"regen_{name}_"
+        for key in ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2"):
+            flat[f"{prefix}{key}"] = round(r[key]["median"], 3)
+            flat[f"{prefix}{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]
+        if name == "large":
+            flat["P1"], flat["P2"] = flat["regen_P1"], flat["regen_P2"]
     merge_results(flat)
-    profile = "\n".join(x for x in log if x.startswith("py-spy"))
-    write_markdown(results, args, load, mode, tag, profile)
-    print(f"wrote {RESULTS_JSON.relative_to(ROOT)} and {RESULTS_MD.relative_to(ROOT)}", flush=True)
+    write_markdown(results, codec, args, load)
+    print("wrote bench/results.json and bench/RESULTS.md", flush=True)
 
 
 if __name__ == "__main__":
