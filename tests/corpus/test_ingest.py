@@ -5,6 +5,7 @@ import json
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 
 from pipeline.corpus.config import CorpusConfig
@@ -50,17 +51,19 @@ def test_jsonl_with_malformed_rows_reports_each_by_reason(tmp_path):
     ]
     path = _jsonl(tmp_path / "c.jsonl", GOOD, extra)
     corpus = load_corpus(_corpus(path=str(path), domain_column="topic"))
-    assert [c.domain for c in corpus.conversations] == ["chat", "math", "qa"]
+    # A row without a domain is tagged with the default, never an error.
+    assert [c.domain for c in corpus.conversations] == ["chat", "math", "qa", "unknown"]
     assert corpus.conversations[1].num_answers == 2
     reasons = {e.location.rsplit(":", 1)[1]: e.reason for e in corpus.errors}
     assert reasons == {
-        "4": "unparsable_row",
+        "4": "invalid_json",
         "5": "unknown_format",
-        "6": "unparsable_row",
+        "6": "not_an_object",
         "7": "roles_do_not_alternate",
-        "8": "missing_domain",
     }
     assert all(str(path) in e.location for e in corpus.errors)
+    with_default = load_corpus(_corpus(path=str(path), domain_column="topic", domain="general"))
+    assert [c.domain for c in with_default.conversations] == ["chat", "math", "qa", "general"]
 
 
 def test_duplicates_across_formats_are_kept_once_and_ids_are_content_hashes(tmp_path):
@@ -109,7 +112,7 @@ def test_jsonl_on_s3(moto_endpoint, s3_uri, tmp_path):  # noqa: F811
         _corpus(path=f"s3://{bucket}/corpus/", endpoint_url=moto_endpoint, domain="mix")
     )
     assert len(corpus.conversations) == 3
-    assert [e.reason for e in corpus.errors] == ["unparsable_row"]
+    assert [e.reason for e in corpus.errors] == ["invalid_json"]
     assert corpus.errors[0].location.startswith(f"s3://{bucket}/corpus/c.jsonl:")
 
 
@@ -124,3 +127,40 @@ def test_synthetic_and_max_rows(tmp_path):
     corpus = load_corpus(config)
     assert corpus.stats.rows == 14
     assert len(corpus.by_domain()) == 7
+
+
+def test_the_issue_export_bom_crlf_and_one_bad_line(tmp_path):
+    # The reported file: a UTF-8 BOM, Windows line ends, one line of invalid UTF-8.
+    lines = [json.dumps(r).encode() for r in GOOD]
+    body = b"\xef\xbb\xbf" + b"\r\n".join([lines[0], b"\xff\xfe garbage", *lines[1:]]) + b"\r\n"
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(body)
+    corpus = load_corpus(_corpus(path=str(path), domain="chat"))
+    assert len(corpus.conversations) == 3  # the first, BOM-prefixed row included
+    [err] = corpus.errors
+    assert err.reason == "invalid_utf8" and err.location == f"{path}:2"
+    assert err.byte_offset == len(lines[0]) + 5  # BOM (3) + first line + CRLF
+    assert "0xff" in err.detail
+
+
+def test_a_missing_source_is_one_config_error_naming_the_path(tmp_path):
+    from pipeline.config import ConfigError
+
+    good = _jsonl(tmp_path / "good.jsonl", GOOD)
+    for missing in (tmp_path / "nope.jsonl", tmp_path / "no_dir" / "x.parquet", tmp_path / "empty"):
+        if missing.name == "empty":
+            missing.mkdir()
+        config = CorpusConfig.model_validate(
+            {"sources": [{"path": str(good)}, {"path": str(missing)}]}
+        )
+        with pytest.raises(ConfigError) as err:
+            load_corpus(config)
+        message = str(err.value)
+        assert "\n" not in message and str(missing) in message and "sources[1]" in message
+
+
+def test_explicit_format_reads_a_file_of_any_name(tmp_path):
+    path = tmp_path / "export.txt"
+    path.write_text("".join(json.dumps(r) + "\n" for r in GOOD))
+    corpus = load_corpus(_corpus(path=str(path), format="jsonl", domain="x"))
+    assert len(corpus.conversations) == 3 and not corpus.errors
