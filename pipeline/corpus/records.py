@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
-Message = dict[str, str]
+# A normalised message: {"role", "content"}, plus "tool_calls" (assistant), "tool_call_id" /
+# "name" (tool) and "tools" (first message only) where the source has them; see formats.py.
+Message = dict[str, Any]
 
 
 def conversation_hash(messages: list[Message]) -> str:
@@ -43,13 +46,19 @@ class RowError:
 
     source: str
     location: str  # file and row, e.g. "data/chat.jsonl:17"
-    reason: str  # stable short code, e.g. "roles_do_not_alternate"
+    reason: str  # stable short code, e.g. "roles_do_not_alternate" (docs/corpus.md lists them)
     detail: str
+    # Offset in the (decompressed) file of the line's first byte, or for a damaged file of
+    # the point the reader reached; None where there is no byte stream (Parquet, HF rows).
+    byte_offset: int | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return {
+    def to_dict(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {
             "source": self.source,
             "location": self.location,
             "reason": self.reason,
             "detail": self.detail,
         }
+        if self.byte_offset is not None:
+            out["byte_offset"] = self.byte_offset
+        return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +25,7 @@ from pipeline.corpus.ingest import load_corpus
 MAX_ROW_BYTES = 1 << 20  # the configured limit; one row below is 50 MB
 
 
-def _pair(i: int) -> dict:
+def _pair(i: int | str) -> dict:
     return {"prompt": f"good question {i}", "response": f"good answer {i}"}
 
 
@@ -200,7 +201,7 @@ def damaged_corpus(tmp_path_factory):
     ]
 
     # B: gzip cut in half: the rows before the cut survive, then one truncated_file.
-    rows_b = [_pair(100 + i) for i in range(2000)]
+    rows_b = [_pair(f"b{i}") for i in range(2000)]
     gz = gzip.compress(b"".join(_line(r) for r in rows_b))
     _write(jsonl_dir / "b.jsonl.gz", gz[: len(gz) // 2])
     expected.add(("b.jsonl.gz", "*", "truncated_file"))
@@ -212,7 +213,7 @@ def damaged_corpus(tmp_path_factory):
     expected.add(("c.jsonl.zst", "*", "corrupt_file"))
 
     # D: zstd cut short: rows before survive, then truncated_file.
-    rows_d = [_pair(5000 + i) for i in range(2000)]
+    rows_d = [_pair(f"d{i}") for i in range(20_000)]  # several 128 KB zstd blocks
     zst_d = zstandard.ZstdCompressor(write_checksum=True).compress(
         b"".join(_line(r) for r in rows_d)
     )
@@ -228,17 +229,17 @@ def damaged_corpus(tmp_path_factory):
     expected.add(("g.jsonl.gz", "*", "corrupt_file"))
 
     # H: a JSON array document (Alpaca style), one element not an object.
-    _write(jsonl_dir / "h.json", json.dumps([_pair(300), 5, _pair(301)]).encode())
+    _write(jsonl_dir / "h.json", json.dumps([_pair("h0"), 5, _pair("h1")]).encode())
     expected.add(("h.json", "#1", "not_an_object"))
-    good += ["good question 300", "good question 301"]
+    good += ["good question h0", "good question h1"]
 
     # Parquet: a good file with one oversized row, a corrupt file, a truncated one.
-    rows_p = [_pair(400 + i) for i in range(5)] + [
+    rows_p = [_pair(f"p{i}") for i in range(5)] + [
         {"prompt": "y" * (2 * MAX_ROW_BYTES), "response": "z"}
     ]
     pq.write_table(pa.Table.from_pylist(rows_p), parquet_dir / "p0.parquet")
     expected.add(("p0.parquet", "#5", "row_too_large"))
-    good += [f"good question {400 + i}" for i in range(5)]
+    good += [f"good question p{i}" for i in range(5)]
     whole = (parquet_dir / "p0.parquet").read_bytes()
     _write(parquet_dir / "p1.parquet", whole[: len(whole) // 2])
     expected.add(("p1.parquet", "*", "corrupt_file"))
@@ -278,10 +279,9 @@ def test_every_bad_input_is_its_own_named_record_and_the_run_completes(damaged_c
     ]
     for prompt in good:
         assert prompt in firsts, prompt
-    kept_b = [f for f in firsts if f.startswith("good question 1") and len(f) > 15]
-    assert 0 < len(kept_b) < len(rows_b)
-    kept_d = sum(f.startswith("good question 5") or f.startswith("good question 6") for f in firsts)
-    assert 0 < kept_d < len(rows_d)
+    kept_b = sum(f.startswith("good question b") for f in firsts)
+    kept_d = sum(f.startswith("good question d") for f in firsts)
+    assert 0 < kept_b < len(rows_b) and 0 < kept_d < len(rows_d)
 
     # Every bad row or file is exactly one record, with its reason.
     got = set()
@@ -298,7 +298,7 @@ def test_every_bad_input_is_its_own_named_record_and_the_run_completes(damaged_c
 
     # Line records carry the byte offset of their line (the BOM counts: it is in the file).
     raw = (Path(config.sources[0].path) / "a.jsonl").read_bytes()
-    line_starts = [0] + [i + 1 for i, b in enumerate(raw) if b == ord("\n")]
+    line_starts = [0] + [m.end() for m in re.finditer(b"\n", raw)]
     for err in corpus.errors:
         file, line = _where(err.location)
         if file == "a.jsonl":
