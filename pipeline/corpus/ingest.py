@@ -132,7 +132,7 @@ def _conversation(
 ) -> Conversation:
     """The row's conversation, or MalformedRow."""
     if raw.row is None:
-        raise MalformedRow(raw.reason or "invalid_json", raw.detail or "unreadable row")
+        raise MalformedRow(raw.reason or "unparsable_row", raw.detail or "unreadable row")
     if raw.size is None and source is not None:  # parsed rows (Parquet, HF, JSON arrays)
         size = _text_bytes(raw.row, config.max_row_bytes)
         if size > config.max_row_bytes:

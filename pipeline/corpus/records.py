@@ -1,4 +1,4 @@
-"""What corpus ingestion yields: normalised conversations and error records."""
+"""What corpus reading and ingestion yield: raw rows, normalised conversations, error records."""
 
 from __future__ import annotations
 
@@ -62,3 +62,21 @@ class RowError:
         if self.byte_offset is not None:
             out["byte_offset"] = self.byte_offset
         return out
+
+
+@dataclass(frozen=True)
+class RawRow:
+    location: str  # "path:line" (JSONL) or "path#row" (Parquet, HF, JSON arrays)
+    row: dict[str, Any] | None  # None when the row (or the file) could not be read
+    reason: str | None = None  # the error code when `row` is None
+    detail: str | None = None
+    byte_offset: int | None = None  # first byte of the line (JSONL)
+    size: int | None = None  # bytes of the raw line, when the reader measured it
+
+
+@dataclass
+class ReadProgress:
+    """How far the reader of one file got, for the record of a file it cannot finish."""
+
+    rows: int = 0  # lines (JSONL) or rows (Parquet) read
+    offset: int = 0  # bytes read (decompressed, for .gz/.zst)

@@ -79,7 +79,7 @@ def _bad_jsonl_lines() -> list[tuple[bytes, str]]:
     return [
         (b'\xff\xfe{"prompt": "latin-1 junk \xe9"}\r\n', "invalid_utf8"),
         (b'{"prompt": "nul\x00byte", "response": "x"}\r\n', "nul_byte"),
-        (b'{"prompt": "unterminated\r\n', "invalid_json"),
+        (b'{"prompt": "unterminated\r\n', "unparsable_row"),
         (b'{"nested": ' + deep + b"}\r\n", "too_deeply_nested"),
         (b'{"prompt": "lone \\ud800 surrogate", "response": "x"}\r\n', "lone_surrogate"),
         (b"[1, 2]\r\n", "not_an_object"),

@@ -56,7 +56,7 @@ def test_jsonl_with_malformed_rows_reports_each_by_reason(tmp_path):
     assert corpus.conversations[1].num_answers == 2
     reasons = {e.location.rsplit(":", 1)[1]: e.reason for e in corpus.errors}
     assert reasons == {
-        "4": "invalid_json",
+        "4": "unparsable_row",
         "5": "unknown_format",
         "6": "not_an_object",
         "7": "roles_do_not_alternate",
@@ -112,7 +112,7 @@ def test_jsonl_on_s3(moto_endpoint, s3_uri, tmp_path):  # noqa: F811
         _corpus(path=f"s3://{bucket}/corpus/", endpoint_url=moto_endpoint, domain="mix")
     )
     assert len(corpus.conversations) == 3
-    assert [e.reason for e in corpus.errors] == ["invalid_json"]
+    assert [e.reason for e in corpus.errors] == ["unparsable_row"]
     assert corpus.errors[0].location.startswith(f"s3://{bucket}/corpus/c.jsonl:")
 
 
