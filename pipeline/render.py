@@ -184,7 +184,7 @@ class _Renderer:
 
     def _protect_message(self, message: Message, originals: list[str]) -> Message:
         pattern = self.special if message["role"] == "assistant" else self.every
-        content = message["content"]
+        content = message.get("content")
         if len(message) == 2 and isinstance(content, str):  # a plain message: the hot path
             if not pattern.search(content):
                 return message
@@ -239,7 +239,11 @@ class _Renderer:
             pos = match.end()
         pieces.append((text[pos:], None))
         template_texts = [t for t, _ in pieces if t]
-        encoded = iter(self.tokenizer(template_texts, add_special_tokens=False)["input_ids"])
+        encoded = iter(
+            self.tokenizer(template_texts, add_special_tokens=False)["input_ids"]
+            if template_texts
+            else []
+        )
         for template_text, original in pieces:
             if original is not None:
                 ids += self._plain_ids(original)

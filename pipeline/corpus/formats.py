@@ -88,8 +88,29 @@ def _text(value: Any, where: str, *, allow_empty: bool = False) -> str:
     return text
 
 
+# Tool arguments and definitions are walked again by json.dumps and the template's
+# `tojson` at render time: deeper than this is an ingest error, not a crash there.
+MAX_NESTING = 64
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_NESTING:
+                break
+            stack.extend(
+                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
 def _json_value(value: Any, where: str) -> Any:
-    """A JSON-able value checked for lone surrogates (and a nesting the encoder can walk)."""
+    """A JSON-able value checked for lone surrogates and nesting."""
+    if _depth(value) > MAX_NESTING:
+        raise MalformedRow("too_deeply_nested", f"{where} is nested deeper than {MAX_NESTING}")
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -228,6 +249,8 @@ def _tools(value: Any) -> list[dict] | None:
             raise MalformedRow("bad_tools", "`tools` is a string that is not JSON") from None
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise MalformedRow("bad_tools", "`tools` is not a list of function definitions")
+    if _depth(value) > MAX_NESTING:
+        raise MalformedRow("too_deeply_nested", f"`tools` is nested deeper than {MAX_NESTING}")
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

@@ -294,6 +294,7 @@ def test_every_bad_input_is_its_own_named_record_and_the_run_completes(damaged_c
         got.add((file, key_line, err.reason))
         assert err.detail, err
     assert got == expected
+    assert len({reason for _, _, reason in expected}) >= 15  # kinds of damage, each named
     assert len(corpus.errors) == len(expected)
 
     # Line records carry the byte offset of their line (the BOM counts: it is in the file).

@@ -343,6 +343,20 @@ def test_tool_call_ids_names_and_unparsable_arguments_are_kept():
         ),
         ({"conversations": [{"from": "function_call", "value": "not json"}]}, "bad_tool_call"),
         ({"messages": [{"role": "user", "content": "q"}], "tools": "not json"}, "bad_tools"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"name": "f", "arguments": "[" * 200 + "]" * 200}],
+                    },
+                    {"role": "tool", "content": "r"},
+                ]
+            },
+            "too_deeply_nested",
+        ),
     ],
 )
 def test_malformed_new_shapes_name_their_reason(row, reason):
