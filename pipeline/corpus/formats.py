@@ -133,10 +133,12 @@ class _Parser:
         if value is None and allow_empty:
             return ""
         if isinstance(value, list):
+            # Text parts are joined with "\n" (as vLLM's OpenAI server does); a single
+            # text part is the plain string, so it hashes like a plain message.
             texts = []
             for j, part in enumerate(value):
                 if isinstance(part, str):
-                    texts.append(part)
+                    texts.append(_text(part, f"{where}[{j}]", allow_empty=True))
                     continue
                 if not isinstance(part, dict):
                     raise MalformedRow(
@@ -154,7 +156,7 @@ class _Parser:
                         "non_text_part",
                         f"{where}[{j}] is a {kind!r} part (set corpus.non_text_parts: skip to drop such parts)",
                     )
-            value = "\n".join(texts)
+            value = "\n".join(t for t in texts if t)
         return _text(value, where, allow_empty=allow_empty)
 
     def tool_calls(self, calls: Any, where: str) -> list[dict]:
