@@ -18,8 +18,11 @@ class CorpusSourceConfig(ConfigModel):
     name: str | None = None
     format: Literal["auto", "jsonl", "parquet", "hf"] = "auto"
     split: str = "train"
-    # Column holding a domain tag; else `domain` below applies to every row.
+    # Column holding a domain tag. A row without one (or with a blank or non-string
+    # one) takes `domain`, else "unknown": a missing domain is never an error.
     domain_column: str | None = None
+    # Without `domain_column`: the domain of every row of this source (else a row's own
+    # `domain` field, else "unknown"). With it: the default for rows that lack one.
     domain: str | None = None
     # S3-compatible endpoint for s3:// paths (else AWS_ENDPOINT_URL, else AWS).
     endpoint_url: str | None = None
@@ -30,6 +33,13 @@ class CorpusSourceConfig(ConfigModel):
 class CorpusConfig(ConfigModel):
     synthetic: SyntheticCorpusConfig | None = None
     sources: list[CorpusSourceConfig] = Field(default_factory=list)
+    # A row larger than this is the error `row_too_large`: for JSONL the line's bytes
+    # (read in bounded memory, never whole), for Parquet/HF rows the UTF-8 size of
+    # their strings. 16 MiB holds a ~4M-token conversation.
+    max_row_bytes: int = Field(16 << 20, gt=0)
+    # Content parts that are not text (images, audio, files): `error` makes the row the
+    # error `non_text_part`; `skip` drops the part, counted in `IngestStats.skipped_parts`.
+    non_text_parts: Literal["error", "skip"] = "error"
 
     @model_validator(mode="after")
     def _some_input(self) -> CorpusConfig:

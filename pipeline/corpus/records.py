@@ -1,12 +1,15 @@
-"""What corpus ingestion yields: normalised conversations and error records."""
+"""What corpus reading and ingestion yield: raw rows, normalised conversations, error records."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
-Message = dict[str, str]
+# A normalised message: {"role", "content"}, plus "tool_calls" (assistant), "tool_call_id" /
+# "name" (tool) and "tools" (first message only) where the source has them; see formats.py.
+Message = dict[str, Any]
 
 
 def conversation_hash(messages: list[Message]) -> str:
@@ -43,13 +46,37 @@ class RowError:
 
     source: str
     location: str  # file and row, e.g. "data/chat.jsonl:17"
-    reason: str  # stable short code, e.g. "roles_do_not_alternate"
+    reason: str  # stable short code, e.g. "roles_do_not_alternate" (docs/corpus.md lists them)
     detail: str
+    # Offset in the (decompressed) file of the line's first byte, or for a damaged file of
+    # the point the reader reached; None where there is no byte stream (Parquet, HF rows).
+    byte_offset: int | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return {
+    def to_dict(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {
             "source": self.source,
             "location": self.location,
             "reason": self.reason,
             "detail": self.detail,
         }
+        if self.byte_offset is not None:
+            out["byte_offset"] = self.byte_offset
+        return out
+
+
+@dataclass(frozen=True)
+class RawRow:
+    location: str  # "path:line" (JSONL) or "path#row" (Parquet, HF, JSON arrays)
+    row: dict[str, Any] | None  # None when the row (or the file) could not be read
+    reason: str | None = None  # the error code when `row` is None
+    detail: str | None = None
+    byte_offset: int | None = None  # first byte of the line (JSONL)
+    size: int | None = None  # bytes of the raw line, when the reader measured it
+
+
+@dataclass
+class ReadProgress:
+    """How far the reader of one file got, for the record of a file it cannot finish."""
+
+    rows: int = 0  # lines (JSONL) or rows (Parquet) read
+    offset: int = 0  # bytes read (decompressed, for .gz/.zst)

@@ -1,30 +1,52 @@
-"""Reading raw rows from one corpus source: JSONL, Parquet or a Hugging Face dataset.
+"""Reading raw rows from one corpus source: JSONL/JSON files, Parquet, or an HF dataset.
 
 Paths are local or `s3://` (through the project's storage layer, so the same
-endpoint settings apply); a directory means every `.jsonl`/`.json` or
-`.parquet` file in it, in name order. A line that is not JSON becomes an error
-record; the rest of the file is still read.
+endpoint settings apply); a directory means every JSONL/JSON or Parquet file
+in it, in name order. A configured path that does not exist is `SourceNotFound`,
+raised by `resolve` before any row is read.
+
+No row and no damaged file stops the run. JSONL lines are decoded and parsed
+one by one (jsonl.py): a line that fails is a `RawRow` with a reason code, its
+line number and the byte offset of its first byte. A file that cannot be read
+to its end (truncated or corrupt compression, a damaged Parquet footer, an I/O
+error) yields the rows before the damage and then one file-level record saying
+how far the reader got; the next file follows. Transient storage errors are not
+data errors: they stop the run (`PipelineError`), so that a rerun reads the file
+whole rather than a dataset silently missing it.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.corpus.config import CorpusSourceConfig
+from pipeline.corpus.jsonl import JSONL_SUFFIXES, read_jsonl_file
+from pipeline.corpus.records import RawRow, ReadProgress
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.zst", ".jsonl.gz")
+log = logging.getLogger(__name__)
+
 PARQUET_SUFFIXES = (".parquet",)
+_SUFFIXES = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}
+_PARQUET_BATCH_BYTES = 64 << 20  # decoded bytes per Parquet batch, so big rows come few at a time
+
+
+class SourceNotFound(FileNotFoundError):
+    """A configured corpus path that does not exist or holds no readable files."""
 
 
 @dataclass(frozen=True)
-class RawRow:
-    location: str  # "path:line" or "path#row"
-    row: dict[str, Any] | None  # None when the row could not be parsed
-    error: str | None = None  # why it could not be parsed
+class ResolvedSource:
+    """A source with its format and files settled: reading it lists nothing again."""
+
+    config: CorpusSourceConfig
+    name: str
+    format: str  # jsonl | parquet | hf
+    storage: Any = None  # pipeline.storage.Storage of the files' folder (not for hf)
+    keys: tuple[str, ...] = ()
 
 
 def source_name(source: CorpusSourceConfig) -> str:
@@ -33,6 +55,10 @@ def source_name(source: CorpusSourceConfig) -> str:
 
 def _is_hf_dir(path: Path) -> bool:
     return (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
 
 
 def detect_format(source: CorpusSourceConfig) -> str:
@@ -44,13 +70,16 @@ def detect_format(source: CorpusSourceConfig) -> str:
         return "parquet"
     if path.endswith(JSONL_SUFFIXES):
         return "jsonl"
-    local = Path(path)
-    if "://" not in path and not local.exists():
-        if path.count("/") == 1:
-            return "hf"  # looks like a hub name: org/dataset
-        raise FileNotFoundError(f"corpus source {path}: no such file or directory")
-    if "://" not in path and _is_hf_dir(local):
-        return "hf"
+    if _is_local(path):
+        local = Path(path.removeprefix("file://"))
+        if not local.exists():
+            if path.count("/") == 1 and not path.startswith((".", "/")):
+                return "hf"  # looks like a hub name: org/dataset
+            raise SourceNotFound(f"{path}: no such file or directory")
+        if local.is_dir() and _is_hf_dir(local):
+            return "hf"
+        if local.is_file():
+            raise ValueError(f"{path}: cannot tell the format from the name; set `format`")
     from pipeline.storage import open_storage
 
     names = [o.key for o in open_storage(path, endpoint_url=source.endpoint_url).list("")]
@@ -58,83 +87,114 @@ def detect_format(source: CorpusSourceConfig) -> str:
         return "parquet"
     if any(n.endswith(JSONL_SUFFIXES) for n in names):
         return "jsonl"
-    raise ValueError(f"corpus source {path}: no .jsonl or .parquet files found; set `format`")
+    raise SourceNotFound(f"{path}: no .jsonl, .json or .parquet files found (or set `format`)")
 
 
-def _files(source: CorpusSourceConfig, suffixes: tuple[str, ...]):
-    """(storage, keys) for a file or every matching file of a directory."""
+def resolve(source: CorpusSourceConfig) -> ResolvedSource:
+    """Settle the format and list the files; `SourceNotFound` if there is nothing to read."""
     from pipeline.storage import open_storage
 
+    fmt = detect_format(source)
+    name = source_name(source)
+    if fmt == "hf":
+        return ResolvedSource(source, name, fmt)
     path = source.path.rstrip("/")
-    if path.endswith(suffixes):
-        root, _, name = path.rpartition("/")
-        return open_storage(root or ".", endpoint_url=source.endpoint_url), [name]
+    suffixes = _SUFFIXES[fmt]
+    parent, _, leaf = path.rpartition("/")
+    if _is_local(path):
+        local = Path(path.removeprefix("file://"))
+        if local.is_file():
+            return ResolvedSource(source, name, fmt, open_storage(local.parent), (local.name,))
+        if not local.is_dir():
+            raise SourceNotFound(f"{path}: no such file or directory")
+    elif path.endswith(suffixes) or source.format != "auto":
+        storage = open_storage(parent, endpoint_url=source.endpoint_url)
+        if storage.exists(leaf):
+            return ResolvedSource(source, name, fmt, storage, (leaf,))
+        if path.endswith(suffixes):
+            raise SourceNotFound(f"{path}: no such object")
     storage = open_storage(path, endpoint_url=source.endpoint_url)
-    keys = sorted(o.key for o in storage.list("") if o.key.endswith(suffixes))
+    listed = [o.key for o in storage.list("")]
+    keys = tuple(sorted(k for k in listed if k.endswith(suffixes)))
     if not keys:
-        raise FileNotFoundError(f"corpus source {path}: no {'/'.join(suffixes)} files found")
-    return storage, keys
+        raise SourceNotFound(f"{path}: no {'/'.join(suffixes)} files found")
+    other = [k for k in listed if k.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES) and k not in keys]
+    if other:
+        log.warning(
+            "corpus source %s is read as %s; %d other file(s) ignored, e.g. %s",
+            path,
+            fmt,
+            len(other),
+            other[0],
+        )
+    return ResolvedSource(source, name, fmt, storage, keys)
 
 
-def _read_jsonl(source: CorpusSourceConfig) -> Iterator[RawRow]:
-    storage, keys = _files(source, JSONL_SUFFIXES)
-    for key in keys:
-        where = storage.url(key)
-        with storage.open_read(key) as raw:
-            stream = _decompressed(raw, key)
-            for number, line in enumerate(stream, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                    yield RawRow(f"{where}:{number}", None, f"invalid JSON: {err}")
-                    continue
-                if not isinstance(row, dict):
-                    yield RawRow(
-                        f"{where}:{number}", None, f"a JSON {type(row).__name__}, not an object"
-                    )
-                    continue
-                yield RawRow(f"{where}:{number}", row)
+# --------------------------------------------------------------------------- file guard
 
 
-def _decompressed(raw, key: str):
-    if key.endswith(".zst"):
-        import io
-
-        import zstandard
-
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw), encoding="utf-8")
-    if key.endswith(".gz"):
-        import gzip
-        import io
-
-        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
-    return (
-        line.decode("utf-8", errors="strict") if isinstance(line, bytes) else line for line in raw
-    )
+def _failure_reason(err: BaseException) -> str:
+    if isinstance(err, EOFError):
+        return "truncated_file"
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return "unreadable_file"
+    return "corrupt_file"
 
 
-def _read_parquet(source: CorpusSourceConfig) -> Iterator[RawRow]:
+def _guarded(
+    where: str, rows: Iterator[RawRow], progress: ReadProgress, unit: str
+) -> Iterator[RawRow]:
+    """The rows of one file; an exception while reading it becomes one file-level record."""
+    from pipeline.errors import PipelineError
+    from pipeline.storage import is_transient
+
+    try:
+        yield from rows
+    except Exception as err:
+        if is_transient(err):
+            raise PipelineError(
+                f"corpus file {where}: transient storage error after {unit} {progress.rows} "
+                f"({type(err).__name__}: {err}); rerun to read it whole"
+            ) from err
+        reason = _failure_reason(err)
+        location = f"{where}:{progress.rows + 1}" if unit == "line" else f"{where}#{progress.rows}"
+        log.debug("corpus file %s failed", where, exc_info=True)
+        yield RawRow(
+            location,
+            None,
+            reason,
+            f"{reason.replace('_', ' ')} after {unit} {progress.rows} "
+            f"(byte offset {progress.offset}): {type(err).__name__}: {err}",
+            byte_offset=progress.offset,
+        )
+
+
+# --------------------------------------------------------------------------- Parquet, HF
+
+
+def _parquet_file(storage, key: str, progress: ReadProgress) -> Iterator[RawRow]:
     import pyarrow.parquet as pq
 
-    storage, keys = _files(source, PARQUET_SUFFIXES)
-    for key in keys:
-        where = storage.url(key)
-        with storage.open_read(key) as raw:
-            parquet = pq.ParquetFile(raw)
-            index = 0
-            for batch in parquet.iter_batches(batch_size=1024):
-                for row in batch.to_pylist():
-                    yield RawRow(f"{where}#{index}", row)
-                    index += 1
+    where = storage.url(key)
+    with storage.open_read(key) as raw:
+        parquet = pq.ParquetFile(raw)
+        meta = parquet.metadata
+        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        per_row = decoded // max(meta.num_rows, 1)
+        batch_size = max(1, min(1024, _PARQUET_BATCH_BYTES // max(per_row, 1)))
+        for batch in parquet.iter_batches(batch_size=batch_size):
+            for row in batch.to_pylist():
+                yield RawRow(f"{where}#{progress.rows}", row)
+                progress.rows += 1
+    if progress.rows == 0:
+        yield RawRow(f"{where}#0", None, "empty_file", "the file holds no rows")
 
 
 def _read_hf(source: CorpusSourceConfig) -> Iterator[RawRow]:
     import datasets
 
     local = Path(source.path)
-    if "://" not in source.path and local.is_dir() and _is_hf_dir(local):
+    if _is_local(source.path) and local.is_dir() and _is_hf_dir(local):
         loaded = datasets.load_from_disk(str(local))
         if isinstance(loaded, datasets.DatasetDict):
             if source.split not in loaded:
@@ -145,17 +205,46 @@ def _read_hf(source: CorpusSourceConfig) -> Iterator[RawRow]:
     else:
         # A hub name on a cluster (or a local script/data directory).
         loaded = datasets.load_dataset(source.path, source.name, split=source.split)
-    for index, row in enumerate(loaded):
-        yield RawRow(f"{source.path}[{source.split}]#{index}", dict(row))
+    where = f"{source.path}[{source.split}]"
+    progress = ReadProgress()
+
+    def rows() -> Iterator[RawRow]:
+        for row in loaded:
+            yield RawRow(f"{where}#{progress.rows}", dict(row))
+            progress.rows += 1
+
+    yield from _guarded(where, rows(), progress, "row")
 
 
-_READERS = {"jsonl": _read_jsonl, "parquet": _read_parquet, "hf": _read_hf}
+def _read_files(resolved: ResolvedSource, max_row_bytes: int) -> Iterator[RawRow]:
+    for key in resolved.keys:
+        progress = ReadProgress()
+        where = resolved.storage.url(key)
+        if resolved.format == "jsonl":
+            yield from _guarded(
+                where,
+                read_jsonl_file(resolved.storage, key, max_row_bytes, progress),
+                progress,
+                "line",
+            )
+        else:
+            yield from _guarded(
+                where, _parquet_file(resolved.storage, key, progress), progress, "row"
+            )
 
 
-def read_rows(source: CorpusSourceConfig) -> Iterator[RawRow]:
-    """Every raw row of the source, in a deterministic order."""
-    reader = _READERS[detect_format(source)]
-    for count, raw in enumerate(reader(source)):
-        if source.max_rows is not None and count >= source.max_rows:
+def read_rows(
+    source: CorpusSourceConfig | ResolvedSource, *, max_row_bytes: int = 16 << 20
+) -> Iterator[RawRow]:
+    """Every raw row of the source, in a deterministic order (error records included)."""
+    resolved = source if isinstance(source, ResolvedSource) else resolve(source)
+    rows = (
+        _read_hf(resolved.config)
+        if resolved.format == "hf"
+        else _read_files(resolved, max_row_bytes)
+    )
+    limit = resolved.config.max_rows
+    for count, raw in enumerate(rows):
+        if limit is not None and count >= limit:
             return
         yield raw

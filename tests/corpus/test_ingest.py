@@ -5,6 +5,7 @@ import json
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 
 from pipeline.corpus.config import CorpusConfig
@@ -50,17 +51,19 @@ def test_jsonl_with_malformed_rows_reports_each_by_reason(tmp_path):
     ]
     path = _jsonl(tmp_path / "c.jsonl", GOOD, extra)
     corpus = load_corpus(_corpus(path=str(path), domain_column="topic"))
-    assert [c.domain for c in corpus.conversations] == ["chat", "math", "qa"]
+    # A row without a domain is tagged with the default, never an error.
+    assert [c.domain for c in corpus.conversations] == ["chat", "math", "qa", "unknown"]
     assert corpus.conversations[1].num_answers == 2
     reasons = {e.location.rsplit(":", 1)[1]: e.reason for e in corpus.errors}
     assert reasons == {
         "4": "unparsable_row",
         "5": "unknown_format",
-        "6": "unparsable_row",
+        "6": "not_an_object",
         "7": "roles_do_not_alternate",
-        "8": "missing_domain",
     }
     assert all(str(path) in e.location for e in corpus.errors)
+    with_default = load_corpus(_corpus(path=str(path), domain_column="topic", domain="general"))
+    assert [c.domain for c in with_default.conversations] == ["chat", "math", "qa", "general"]
 
 
 def test_duplicates_across_formats_are_kept_once_and_ids_are_content_hashes(tmp_path):
@@ -124,3 +127,147 @@ def test_synthetic_and_max_rows(tmp_path):
     corpus = load_corpus(config)
     assert corpus.stats.rows == 14
     assert len(corpus.by_domain()) == 7
+
+
+def test_the_issue_export_bom_crlf_and_one_bad_line(tmp_path):
+    # The reported file: a UTF-8 BOM, Windows line ends, one line of invalid UTF-8.
+    lines = [json.dumps(r).encode() for r in GOOD]
+    body = b"\xef\xbb\xbf" + b"\r\n".join([lines[0], b"\xff\xfe garbage", *lines[1:]]) + b"\r\n"
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(body)
+    corpus = load_corpus(_corpus(path=str(path), domain="chat"))
+    assert len(corpus.conversations) == 3  # the first, BOM-prefixed row included
+    [err] = corpus.errors
+    assert err.reason == "invalid_utf8" and err.location == f"{path}:2"
+    assert err.byte_offset == len(lines[0]) + 5  # BOM (3) + first line + CRLF
+    assert "0xff" in err.detail
+
+
+def test_a_missing_source_is_one_config_error_naming_the_path(tmp_path):
+    from pipeline.config import ConfigError
+
+    good = _jsonl(tmp_path / "good.jsonl", GOOD)
+    for missing in (tmp_path / "nope.jsonl", tmp_path / "no_dir" / "x.parquet", tmp_path / "empty"):
+        if missing.name == "empty":
+            missing.mkdir()
+        config = CorpusConfig.model_validate(
+            {"sources": [{"path": str(good)}, {"path": str(missing)}]}
+        )
+        with pytest.raises(ConfigError) as err:
+            load_corpus(config)
+        message = str(err.value)
+        assert "\n" not in message and str(missing) in message and "sources[1]" in message
+
+
+def test_explicit_format_reads_a_file_of_any_name(tmp_path):
+    path = tmp_path / "export.txt"
+    path.write_text("".join(json.dumps(r) + "\n" for r in GOOD))
+    corpus = load_corpus(_corpus(path=str(path), format="jsonl", domain="x"))
+    assert len(corpus.conversations) == 3 and not corpus.errors
+
+
+def test_non_text_parts_skip_mode_counts_what_it_dropped(tmp_path):
+    row = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe the weather."},
+                    {"type": "image_url", "image_url": {"url": "https://x/sky.png"}},
+                    {"type": "input_audio", "input_audio": {"data": "..."}},
+                ],
+            }
+        ]
+    }
+    path = _jsonl(tmp_path / "c.jsonl", [row, row | {"id": 2}])  # the second is a duplicate
+    strict = load_corpus(_corpus(path=str(path)))
+    assert [e.reason for e in strict.errors] == ["non_text_part", "non_text_part"]
+    config = CorpusConfig.model_validate(
+        {"sources": [{"path": str(path)}], "non_text_parts": "skip"}
+    )
+    lenient = load_corpus(config)
+    assert [c.messages for c in lenient.conversations] == [
+        ({"role": "user", "content": "Describe the weather."},)
+    ]
+    assert lenient.stats.skipped_parts == {"image_url": 2, "input_audio": 2}
+
+
+def test_parquet_structs_with_null_fields_hash_like_jsonl(tmp_path):
+    # Arrow gives every message struct every field: None where a turn lacks it.
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "Weather?", "tool_calls": None, "tool_call_id": None},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "w", "arguments": "{}"},
+                        }
+                    ],
+                    "tool_call_id": None,
+                },
+                {"role": "tool", "content": "sunny", "tool_calls": None, "tool_call_id": "c1"},
+                {
+                    "role": "assistant",
+                    "content": "Sunny.",
+                    "tool_calls": None,
+                    "tool_call_id": None,
+                },
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "Hi", "tool_calls": None, "tool_call_id": None},
+                {"role": "assistant", "content": "Hello", "tool_calls": None, "tool_call_id": None},
+            ]
+        },
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
+    from_parquet = load_corpus(_corpus(path=str(tmp_path / "c.parquet"), domain="x"))
+    jsonl = [
+        {"messages": [{k: v for k, v in m.items() if v is not None} for m in r["messages"]]}
+        for r in rows
+    ]
+    from_jsonl = load_corpus(_corpus(path=str(_jsonl(tmp_path / "c.jsonl", jsonl)), domain="x"))
+    assert not from_parquet.errors and not from_jsonl.errors
+    assert [c.conversation_id for c in from_parquet.conversations] == [
+        c.conversation_id for c in from_jsonl.conversations
+    ]
+    plain = load_corpus(_corpus(path=str(_jsonl(tmp_path / "g.jsonl", GOOD[:1])), domain="x"))
+    assert from_parquet.conversations[1].conversation_id == plain.conversations[0].conversation_id
+
+
+def test_a_transient_storage_error_stops_the_run_naming_the_file():
+    from pipeline.corpus.records import ReadProgress
+    from pipeline.corpus.sources import _guarded
+    from pipeline.errors import PipelineError
+
+    def rows():
+        yield from ()
+        raise ConnectionError("connection reset by peer")
+
+    with pytest.raises(PipelineError, match=r"s3://b/c\.jsonl: transient storage error"):
+        list(_guarded("s3://b/c.jsonl", rows(), ReadProgress(rows=7), "line"))
+
+
+def test_missing_s3_paths_are_config_errors(moto_endpoint, s3_uri):  # noqa: F811
+    from pipeline.config import ConfigError
+
+    for path in (f"{s3_uri}/nope.jsonl", f"{s3_uri}/empty-prefix/"):
+        with pytest.raises(ConfigError, match="sources\\[0\\].path: .*nope|empty-prefix"):
+            load_corpus(_corpus(path=path, endpoint_url=moto_endpoint))
+
+
+def test_error_records_without_an_offset_keep_their_four_keys():
+    from pipeline.corpus.records import RowError
+
+    assert list(RowError("s", "f.parquet#3", "unknown_format", "d").to_dict()) == [
+        "source",
+        "location",
+        "reason",
+        "detail",
+    ]
