@@ -368,6 +368,8 @@ def run_target(name: str, args, log: list[str]) -> dict:
                     r.update(run_c(cfg, profile))
                     if profile and profile.exists():
                         profile_shares = summarise_profile(profile)
+                        if args.keep_profile:
+                            shutil.copy(profile, args.keep_profile)
             r["a_tok_s"] = r["a_generated_tokens"] / r["a_s"]
             r["b_tok_s"] = r["a_generated_tokens"] / r["b_s"]
             r["c_tok_s"] = r["c_generated_tokens"] / r["c_s"]
@@ -471,6 +473,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--conversations", type=int, default=1000)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--keep-profile", type=Path, default=None, help="copy the raw py-spy output here")
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
     args = p.parse_args()
     from pipeline.logs import setup_logging

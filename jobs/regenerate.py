@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set replicas.num_replicas=4 (YAML value)",
     )
+    parser.add_argument("--summary-json", default=None, help="also write the run summary as JSON")
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def job() -> list[str]:
         config = load_config(args.config, overrides=parse_overrides(args.set))
-        return run_regenerate(config).lines()
+        return run_regenerate(config, summary_json=args.summary_json).lines()
 
     return run_and_report(job, verbose=args.verbose)
 

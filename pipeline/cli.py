@@ -64,7 +64,13 @@ def _not_built(command: str, issue: str) -> None:
 @cli.command()
 @CONFIG_OPTION
 @SET_OPTION
-def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--summary-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the run summary (tokens, rates, engine start, errors, version) as JSON.",
+)
+def regenerate(config_path: Path, overrides: tuple[str, ...], summary_json: Path | None) -> None:
     """Regenerate assistant turns with the target and capture hidden states into shards.
 
     Resumable: a rerun skips the units the dataset already holds.
@@ -74,7 +80,8 @@ def regenerate(config_path: Path, overrides: tuple[str, ...]) -> None:
     from pipeline.regenerate.run import run_regenerate
 
     config = load_config(config_path, overrides=parse_overrides(list(overrides)))
-    for line in run_regenerate(config).lines():
+    summary = run_regenerate(config, summary_json=summary_json)
+    for line in summary.lines():
         click.echo(line)
 
 

@@ -42,3 +42,70 @@ def kv(**fields: object) -> str:
             text = repr(text)
         parts.append(f"{key}={text}")
     return " ".join(parts)
+
+
+# Lines vLLM, torch and Triton print at every engine start on a CPU host that
+# tell an operator nothing; warnings that matter (KV-cache preemption, out of
+# memory, a restarted worker) are not among them and always pass.
+STARTUP_NOISE = (
+    "Triton is installed, but doesn't include CPU backend",
+    "NUMA binding: Using MEMBIND policy",
+    "Loading safetensors checkpoint shards",
+)
+
+
+def quiet_engine_output(noise: tuple[str, ...] = STARTUP_NOISE) -> None:
+    """Drop start-up noise from this process's stdout/stderr and its children's.
+
+    For a process about to start a vLLM engine (the replica actor): vLLM's
+    engine process inherits the file descriptors, so its lines pass a filter
+    thread here on their way to Ray's log files and the driver's terminal.
+    Python warnings of deprecated torch APIs are silenced for the children
+    through `PYTHONWARNINGS`, and torch's C++ notices through
+    `TORCH_CPP_LOG_LEVEL`. Idempotent.
+    """
+    import sys
+
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    global _FILTERING
+    if _FILTERING:
+        return
+    _FILTERING = True
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    for fd in (1, 2):
+        _filter_fd(fd, tuple(n.encode() for n in noise))
+
+
+_FILTERING = False
+
+
+def _filter_fd(fd: int, noise: tuple[bytes, ...]) -> None:
+    import select
+    import threading
+
+    read_end, write_end = os.pipe()
+    target = os.dup(fd)
+    os.dup2(write_end, fd)
+    os.close(write_end)
+
+    def pump() -> None:
+        pending = b""
+        while True:
+            ready, _, _ = select.select([read_end], [], [], 0.2)
+            chunk = os.read(read_end, 1 << 16) if ready else b""
+            if ready and not chunk:  # every writer closed
+                if pending:
+                    os.write(target, pending)
+                return
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            out = b"".join(line + b"\n" for line in lines if not any(n in line for n in noise))
+            # A partial line (a progress bar) goes out once nothing more came for a while.
+            if pending and not ready and not any(n in pending for n in noise):
+                out, pending = out + pending, b""
+            if out:
+                os.write(target, out)
+
+    threading.Thread(target=pump, name=f"output-filter-{fd}", daemon=True).start()

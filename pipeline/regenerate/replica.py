@@ -38,11 +38,12 @@ class RegenerateReplica:
     def __init__(self, target: TargetConfig, regenerate: RegenerateConfig) -> None:
         from transformers import AutoTokenizer
 
-        from pipeline.logs import setup_logging
+        from pipeline.logs import quiet_engine_output, setup_logging
         from pipeline.targets.loader import load_target
         from pipeline.targets.resolve import resolve_model
 
         setup_logging()
+        quiet_engine_output()
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started

@@ -26,6 +26,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import as_completed
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError
@@ -75,6 +76,12 @@ def _start(config: PipelineConfig) -> tuple[RunPlan, DatasetSink, RunSummary, li
     from pipeline.shards.sink import DatasetSink
 
     run = plan(config)
+    if not run.corpus.conversations:
+        raise RegenerateError(
+            f"the corpus has no usable conversation ({run.corpus.stats.rows} rows read, "
+            f"{len(run.corpus.errors)} error records, by reason "
+            f"{dict(run.corpus.stats.errors_by_reason)}): nothing to regenerate"
+        )
     dataset = Dataset.open(config.output.uri, endpoint_url=config.output.endpoint_url)
     sink = DatasetSink(
         dataset,
@@ -136,8 +143,14 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
     return summary
 
 
-def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> RunSummary:
-    """Regenerate the configured corpus into the configured dataset on Ray; resumable."""
+def run_regenerate(
+    config: PipelineConfig, *, show_progress: bool = True, summary_json: str | Path | None = None
+) -> RunSummary:
+    """Regenerate the configured corpus into the configured dataset on Ray; resumable.
+
+    `summary_json`: also write the summary there (written even when units
+    failed, before the error is raised).
+    """
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
@@ -147,6 +160,8 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
     run, sink, summary, todo = _start(config)
     if not todo:
         summary.seconds = time.monotonic() - started
+        if summary_json is not None:
+            summary.write_json(summary_json)
         return summary
     spec = UnitSpec.from_config(config, run.provenance)
     queue = deque((u, 1) for u in todo)
@@ -218,6 +233,8 @@ def run_regenerate(config: PipelineConfig, *, show_progress: bool = True) -> Run
         close_replicas(actors)
     summary.version = sink.on_write_complete()
     summary.seconds = time.monotonic() - started
+    if summary_json is not None:
+        summary.write_json(summary_json)
     if summary.units_failed:
         raise RegenerateError(
             f"{len(summary.units_failed)} unit(s) failed after {config.regenerate.max_unit_attempts} "

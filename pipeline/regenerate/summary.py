@@ -75,6 +75,12 @@ class RunSummary:
             "replicas": self.replica_stats,
         }
 
+    def write_json(self, path) -> None:
+        import json
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
     def lines(self) -> list[str]:
         out = [
             f"dataset: {self.dataset_uri} (version {self.version if self.version is not None else 'none'})",
