@@ -77,3 +77,29 @@ def train_small_draft(
         )
     )
     return train(config)
+
+
+def drafted(drafter, sample: dict[str, torch.Tensor]) -> dict:
+    """What a drafter drafts from `sample` (a dict: input_ids, hidden_states,
+    num_prompt_tokens): T=0 blocks at every answer anchor, and one live proposal
+    at T=0.05 (seeded; the random toy target's logits are small). The record of
+    tests/fixtures/drafts_v0/expected.json."""
+    from pipeline.shards.reader import TrainingSample
+
+    ids, feats = sample["input_ids"], sample["hidden_states"]
+    t, p = ids.shape[0], int(sample["num_prompt_tokens"])
+    s = TrainingSample(
+        "fixture", "x", "d", ids, torch.arange(t) >= p, feats, feats, "stop", p, t - p
+    )
+    blocks = drafter.draft(s, torch.arange(p, t - 1))
+    live = drafter.propose(
+        ids[:15], feats[:15], temperature=0.05, generator=torch.Generator().manual_seed(0)
+    )
+    conf = blocks.confidence_logit
+    return {
+        "tokens": blocks.tokens.tolist(),
+        "confidence_logit": None
+        if conf is None
+        else [[round(float(x), 5) for x in r] for r in conf],
+        "live_tokens": live.tokens.tolist(),
+    }
