@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.model import DraftSpec
+from pipeline.train.drafts.spec import DraftSpec
 
 
 def tiny_spec(**overrides) -> DraftSpec:

@@ -14,7 +14,9 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.evaluate.calibration import Calibration
 from pipeline.evaluate.config import parse_eval_config
-from pipeline.evaluate.drafting import ModelDrafter, load_draft, make_drafter
+from pipeline.evaluate.drafters.dspark import DSparkDrafter
+from pipeline.evaluate.drafters.load import load_draft
+from pipeline.evaluate.drafters.registry import make_drafter
 from pipeline.evaluate.offline import anchor_table, walk
 from pipeline.evaluate.run import demo_report, load_heldout, run_evaluation
 from pipeline.evaluate.sampling import HFVerifier, live_decode
@@ -178,11 +180,11 @@ def test_exports_load_as_the_checkpoint_they_came_from(dspark_run, trained_targe
     )
     sample = samples[0]
     anchors = torch.arange(sample.num_prompt_tokens, len(sample.input_ids) - 1)
-    full = ModelDrafter("c", ckpt.model).draft(sample, anchors)
-    assert torch.equal(ModelDrafter("e", export.model).draft(sample, anchors).tokens, full.tokens)
-    no_heads = ModelDrafter("c", ckpt.model, use_heads=False).draft(sample, anchors)
+    full = DSparkDrafter("c", ckpt.model).draft(sample, anchors)
+    assert torch.equal(DSparkDrafter("e", export.model).draft(sample, anchors).tokens, full.tokens)
+    no_heads = DSparkDrafter("c", ckpt.model, use_heads=False).draft(sample, anchors)
     assert torch.equal(
-        ModelDrafter("b", backbone.model).draft(sample, anchors).tokens, no_heads.tokens
+        DSparkDrafter("b", backbone.model).draft(sample, anchors).tokens, no_heads.tokens
     )
     with pytest.raises(FileNotFoundError, match="not a training run"):
         load_draft(dspark_run / "metrics.jsonl", target_dir=trained_target_dir)

@@ -3,7 +3,7 @@
 vLLM's CPU build serves the DSpark draft's DFlash backbone export (its
 dspark method needs Triton); the offline walk runs the same weights without
 the heads on the trajectories vLLM produced. Stated tolerance: 3% relative
-(pipeline/evaluate/live_vllm.py says what may differ and why).
+(pipeline/evaluate/vllm.py says what may differ and why).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import torch
 from draft_specs import train_small_draft
 from safetensors import safe_open
 
+from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.export import export_checkpoint
-from pipeline.train.trainer import latest_checkpoint
 
 from .conftest import SERVE_MAX_TOKENS, toy_prompts
 
@@ -95,15 +95,15 @@ def test_anchor_layout_dspark_is_not_exported_as_dflash(toy_shards, tmp_path):
     assert cfg["sample_from_anchor"] is True
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
     with pytest.raises(ValueError, match="off by one"):
+        from pipeline.train.drafts.spec import DraftSpec
         from pipeline.train.export import export_draft
-        from pipeline.train.model import DraftSpec
 
         ckpt = latest_checkpoint(tmp_path)
         export_draft(
             state={},
             spec=DraftSpec.from_json((ckpt / "spec.json").read_text()),
             out=tmp_path / "x",
-            kind="dflash",
+            model_type="dflash",
             verifier="t",
             target_config={},
         )

@@ -10,10 +10,10 @@ import pytest
 import torch
 from draft_specs import random_sample, tiny_spec
 
-from pipeline.evaluate.eagle3_drafting import Eagle3Drafter, eagle3_inputs
+from pipeline.evaluate.drafters.eagle3 import Eagle3Drafter, eagle3_inputs
 from pipeline.evaluate.offline import accepted_lengths, anchor_table
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.eagle3 import Eagle3Draft
+from pipeline.train.drafts.eagle3 import Eagle3Draft
 
 V, H, K = 40, 16, 4
 

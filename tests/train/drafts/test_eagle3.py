@@ -12,11 +12,11 @@ import torch
 from draft_specs import train_small_draft
 
 from pipeline.train.config import parse_train_config
-from pipeline.train.eagle3 import Eagle3Draft, ttt_attention_mask
+from pipeline.train.drafts.common import DraftInputs
+from pipeline.train.drafts.eagle3 import Eagle3Draft, ttt_attention_mask
 from pipeline.train.loss import draft_loss, ttt_step_weights
-from pipeline.train.model import DraftInputs
 
-from .conftest import SERVE_MAX_TOKENS, tiny_spec
+from ..conftest import SERVE_MAX_TOKENS, tiny_spec
 
 STEPS = 4
 

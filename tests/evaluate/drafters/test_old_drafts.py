@@ -16,9 +16,10 @@ import pytest
 import torch
 from draft_specs import drafted
 
-from pipeline.evaluate.drafting import load_draft, make_drafter
+from pipeline.evaluate.drafters.load import load_draft
+from pipeline.evaluate.drafters.registry import make_drafter
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "drafts_v0"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "drafts_v0"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 
 

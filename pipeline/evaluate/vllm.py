@@ -1,5 +1,10 @@
 """Cross-check the offline tau against vLLM's own acceptance counters at temperature 0.
 
+`check_against_vllm` is the stage's step (the `vllm:` section of the
+evaluation config): which export vLLM serves with which method comes from the
+draft's kind (pipeline/train/drafts/registry.py: vLLM's CPU build serves a
+DSpark draft through its DFlash backbone export).
+
 vLLM decodes the evaluation prompts with the exported draft as its
 speculative decoder (one fresh engine in a child process, via
 `pipeline.train.vllm_check.decode`; counters read before and after and
@@ -26,7 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.evaluate.drafting import Drafter
+    from pipeline.evaluate.config import VllmCheckConfig
+    from pipeline.evaluate.drafters.base import Drafter
+    from pipeline.evaluate.drafters.load import LoadedDraft
     from pipeline.shards.reader import TrainingSample
 
 
@@ -75,12 +82,14 @@ class VllmComparison:
 
 
 def served_draft_dir(export_dir: Path, method: str) -> Path:
-    """The export vLLM serves with `method`: a DSpark draft's dflash backbone is `<export>-dflash`."""
+    """The export vLLM serves with `method`: a DSpark draft's dflash backbone sits beside it."""
     import json
+
+    from pipeline.train.export import backbone_dir
 
     config = json.loads((export_dir / "config.json").read_text())
     if method == "dflash" and config["speculators_model_type"] == "dspark":
-        backbone = export_dir.with_name(export_dir.name + "-dflash")
+        backbone = backbone_dir(export_dir)
         if not (backbone / "config.json").exists():
             raise FileNotFoundError(
                 f"{backbone}: no DFlash backbone export of {export_dir} (train with "
@@ -190,4 +199,38 @@ def compare_with_vllm(
         tolerance=tolerance,
         end_effect_bound=n * len(samples) / max(rounds.num_rounds, 1),
         seconds=time.perf_counter() - started,
+    )
+
+
+def check_against_vllm(
+    config: VllmCheckConfig, draft: LoadedDraft, prompts: list[list[int]], target_dir: str
+) -> VllmComparison:
+    """Serve `draft` with vLLM (its kind's CPU method unless `config.method` says) and
+    compare with the offline walk of the same weights on vLLM's trajectories."""
+    from pipeline.evaluate.drafters.registry import make_drafter
+    from pipeline.train.drafts.registry import draft_kind
+
+    if draft.export_dir is None:
+        raise ValueError(f"vllm.draft {config.draft!r} has no export directory to serve")
+    methods = draft_kind(draft.spec.kind).vllm_methods
+    method = config.method or methods[0]
+    if method not in methods:
+        raise ValueError(
+            f"vllm.method {method!r} cannot serve the {draft.spec.kind} draft {config.draft!r}: "
+            f"use one of {list(methods)}"
+        )
+    served = served_draft_dir(draft.export_dir, method)
+    # vLLM's dflash runs the backbone alone: evaluate the same weights offline without heads.
+    drafter = make_drafter(config.draft, draft, use_heads=method != "dflash")
+    return compare_with_vllm(
+        target_dir=target_dir,
+        draft_dir=served,
+        drafter=drafter,
+        prompts=prompts,
+        method=method,
+        max_tokens=config.max_tokens,
+        tolerance=config.tolerance,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        timeout_s=config.timeout_s,
     )
