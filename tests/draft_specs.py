@@ -5,10 +5,23 @@ from __future__ import annotations
 import torch
 
 from pipeline.shards.reader import TrainingSample
+from pipeline.train.drafts.registry import KINDS
 from pipeline.train.drafts.spec import DraftSpec
+
+# Smaller still, for drafters checked against brute force (vocabulary 40, width 16).
+SMALL = dict(
+    vocab_size=40,
+    hidden_size=16,
+    target_hidden_size=16,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=24,
+)
 
 
 def tiny_spec(**overrides) -> DraftSpec:
+    """A tiny spec of `kind` (default dspark) that its kind allows: no heads unless the kind
+    has them, the fields it fixes (eagle3: one layer), mask id 0 where nothing is masked."""
     base = dict(
         kind="dspark",
         vocab_size=50,
@@ -30,6 +43,13 @@ def tiny_spec(**overrides) -> DraftSpec:
         confidence_head=True,
         confidence_with_markov=True,
     )
+    kind = KINDS.get(overrides.get("kind", "dspark"))
+    if kind is not None:
+        if not kind.heads:
+            base.update(markov_rank=0, confidence_head=False)
+        if not kind.mask_token:
+            base.update(mask_token_id=0)
+        base.update({name: value for name, (value, _) in kind.fixed.items()})
     base.update(overrides)
     return DraftSpec(**base)
 

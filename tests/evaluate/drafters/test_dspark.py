@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from draft_specs import random_sample, tiny_spec
+from draft_specs import SMALL, random_sample, tiny_spec
 
 from pipeline.evaluate.drafters.dspark import DSparkDrafter, drafting_slots
 from pipeline.shards.reader import TrainingSample
@@ -19,20 +19,12 @@ from pipeline.train.drafts.common import DraftInputs
 from pipeline.train.drafts.dspark import DSparkDraft
 from pipeline.train.drafts.spec import DraftSpec
 
-V, H = 40, 16
+V, H = SMALL["vocab_size"], SMALL["hidden_size"]
 
 
 def _spec(sample_from_anchor: bool) -> DraftSpec:
     return tiny_spec(
-        vocab_size=V,
-        hidden_size=H,
-        target_hidden_size=H,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=24,
-        max_position_embeddings=256,
-        sample_from_anchor=sample_from_anchor,
-        markov_rank=6,
+        **SMALL, max_position_embeddings=256, sample_from_anchor=sample_from_anchor, markov_rank=6
     )
 
 

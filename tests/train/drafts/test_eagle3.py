@@ -22,15 +22,7 @@ STEPS = 4
 
 
 def _spec():
-    return tiny_spec(
-        kind="eagle3",
-        num_layers=1,
-        block_size=STEPS,
-        sample_from_anchor=True,
-        markov_rank=0,
-        confidence_head=False,
-        mask_token_id=0,
-    )
+    return tiny_spec(kind="eagle3", block_size=STEPS)
 
 
 def _inputs(spec, seed: int = 0) -> DraftInputs:
