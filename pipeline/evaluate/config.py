@@ -90,9 +90,9 @@ class VllmCheckConfig(ConfigModel):
     """Serve a draft with vLLM and compare its acceptance counters to the offline tau (T=0)."""
 
     # Name of a draft in `drafts`. vLLM's CPU build runs dflash and eagle3: a DSpark
-    # draft is served through its backbone export `<export>-dflash`.
+    # draft is served through its DFlash export (trained in the fill-in layout).
     draft: str
-    # None: eagle3 for an EAGLE-3 draft, else dflash.
+    # None: the export's speculators_model_type (the only method that serves it).
     method: Literal["dflash", "dspark", "eagle3"] | None = None
     num_prompts: int = Field(8, gt=0)
     max_tokens: int = Field(160, gt=0)

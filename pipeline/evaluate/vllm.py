@@ -1,9 +1,9 @@
 """Cross-check the offline tau against vLLM's own acceptance counters at temperature 0.
 
 `check_against_vllm` is the stage's step (the `vllm:` section of the
-evaluation config): which export vLLM serves with which method comes from the
-draft's kind (pipeline/train/drafts/registry.py: vLLM's CPU build serves a
-DSpark draft through its DFlash backbone export).
+evaluation config): vLLM serves the draft's export with the method its
+format names (`speculators_model_type`; a fill-in DSpark draft's export is its
+DFlash backbone, which vLLM's CPU build runs).
 
 vLLM decodes the evaluation prompts with the exported draft as its
 speculative decoder (one fresh engine in a child process, via
@@ -79,24 +79,6 @@ class VllmComparison:
             "end_effect_bound": round(self.end_effect_bound, 4),
             "seconds": round(self.seconds, 1),
         }
-
-
-def served_draft_dir(export_dir: Path, method: str) -> Path:
-    """The export vLLM serves with `method`: a DSpark draft's dflash backbone sits beside it."""
-    import json
-
-    from pipeline.train.export import backbone_dir
-
-    config = json.loads((export_dir / "config.json").read_text())
-    if method == "dflash" and config["speculators_model_type"] == "dspark":
-        backbone = backbone_dir(export_dir)
-        if not (backbone / "config.json").exists():
-            raise FileNotFoundError(
-                f"{backbone}: no DFlash backbone export of {export_dir} (train with "
-                "sample_from_anchor: false and export.dflash_backbone: true to serve it on CPU)"
-            )
-        return backbone
-    return export_dir
 
 
 def capture_samples(
@@ -205,26 +187,26 @@ def compare_with_vllm(
 def check_against_vllm(
     config: VllmCheckConfig, draft: LoadedDraft, prompts: list[list[int]], target_dir: str
 ) -> VllmComparison:
-    """Serve `draft` with vLLM (its kind's CPU method unless `config.method` says) and
-    compare with the offline walk of the same weights on vLLM's trajectories."""
+    """Serve `draft`'s export with vLLM (the method its format names, unless `config.method`
+    says) and compare with the offline walk of the same weights on vLLM's trajectories."""
+    import json
+
     from pipeline.evaluate.drafters.registry import make_drafter
-    from pipeline.train.drafts.registry import draft_kind
 
     if draft.export_dir is None:
         raise ValueError(f"vllm.draft {config.draft!r} has no export directory to serve")
-    methods = draft_kind(draft.spec.kind).vllm_methods
-    method = config.method or methods[0]
-    if method not in methods:
+    served = json.loads((draft.export_dir / "config.json").read_text())["speculators_model_type"]
+    method = config.method or served
+    if method != served:
         raise ValueError(
-            f"vllm.method {method!r} cannot serve the {draft.spec.kind} draft {config.draft!r}: "
-            f"use one of {list(methods)}"
+            f"vllm.method {method!r} cannot serve {draft.export_dir}, a {served} export of the "
+            f"{draft.spec.kind} draft {config.draft!r}: leave vllm.method unset"
         )
-    served = served_draft_dir(draft.export_dir, method)
-    # vLLM's dflash runs the backbone alone: evaluate the same weights offline without heads.
+    # A DFlash export of a DSpark draft is its backbone: draft offline without the heads too.
     drafter = make_drafter(config.draft, draft, use_heads=method != "dflash")
     return compare_with_vllm(
         target_dir=target_dir,
-        draft_dir=served,
+        draft_dir=draft.export_dir,
         drafter=drafter,
         prompts=prompts,
         method=method,

@@ -191,8 +191,9 @@ class ExportConfig(ConfigModel):
 
     # Directory for the exported draft; None: <out_dir>/export.
     dir: str | None = None
-    # Also export the DFlash backbone of a DSpark draft (what vLLM's CPU build serves).
-    dflash_backbone: bool = True
+    # Ignored (old configs set it): a DSpark draft in the fill-in layout is exported
+    # as its DFlash backbone only, one in the anchor layout cannot be (off by one).
+    dflash_backbone: bool | None = None
 
 
 class TrainRayConfig(ConfigModel):

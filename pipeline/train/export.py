@@ -11,10 +11,14 @@ vLLM derives `target_layer_ids = aux_ids - 1` itself when it loads a
 speculators config. DFlash drafts get `sliding_window_non_causal: true`, or
 vLLM would run the bidirectional block causally (measured: tau 2.48 vs 3.18).
 
-A DSpark draft trained in the fill-in layout (`sample_from_anchor: false`)
-also exports its backbone as a DFlash draft: the same tensors minus the two
-heads. vLLM's CPU build serves `dflash` but not `dspark` (Triton-only runner),
-so that export is how a DSpark checkpoint is checked end to end on CPU.
+A `dspark` export is always in the anchor layout (`sample_from_anchor:
+true`): vLLM's DSpark speculator assumes it. A DSpark draft trained in the
+fill-in layout (`sample_from_anchor: false`) is exported as DFlash only: its
+backbone, the same tensors minus the two heads. vLLM's CPU build serves
+`dflash` but not `dspark` (Triton-only runner), so that export is how a DSpark
+checkpoint is checked end to end on CPU. Every format's
+`proposal_methods[0].proposal_type` is "greedy", the only type speculators
+0.9 accepts (the vLLM method is `speculators_model_type`).
 
 EAGLE-3 (`speculators_model_type: "eagle3"`, vLLM's `Eagle3Qwen3ForCausalLM`):
 `eagle_aux_hidden_state_layer_ids` = the capture ids unchanged (vLLM's target
@@ -52,8 +56,8 @@ WEIGHTS = "model.safetensors"
 
 @dataclass(frozen=True)
 class ExportPaths:
-    draft: Path  # the draft as trained (dspark or dflash)
-    dflash_backbone: Path | None  # a DSpark draft's backbone as a DFlash draft, if exported
+    draft: Path  # the export directory
+    dflash_backbone: Path | None  # the same, when it holds a DSpark draft's DFlash backbone
 
 
 def _layer_config(spec: DraftSpec, target_config: dict) -> dict:
@@ -128,6 +132,12 @@ def block_config(spec: DraftSpec, *, model_type: str, verifier: str, target_conf
             "dflash method reads slot k as token p+k, so it would be served off by one: "
             "train with sample_from_anchor: false to export a DFlash draft"
         )
+    if model_type == "dspark" and not spec.sample_from_anchor:
+        raise ValueError(
+            "a dspark export needs sample_from_anchor=true (vLLM's DSpark speculator assumes "
+            "the anchor layout); a draft trained in the fill-in layout (sample_from_anchor: "
+            "false) is exported as dflash, its backbone without the heads"
+        )
     config = {
         "speculators_model_type": model_type,
         "speculators_version": SPECULATORS_VERSION,
@@ -143,14 +153,11 @@ def block_config(spec: DraftSpec, *, model_type: str, verifier: str, target_conf
         "sliding_window_non_causal": True,
         "speculators_config": {
             "algorithm": model_type,
+            # speculators (0.9) accepts only "greedy" here; the method is the model type.
             "proposal_methods": [
-                {
-                    "proposal_type": model_type,
-                    "speculative_tokens": spec.num_draft_tokens,
-                    "block_size": spec.block_size,
-                }
+                {"proposal_type": "greedy", "speculative_tokens": spec.num_draft_tokens}
             ],
-            "default_proposal_method": model_type,
+            "default_proposal_method": "greedy",
             "verifier": _verifier(verifier, target_config),
         },
         "dspark_targets": _provenance(spec),
@@ -170,10 +177,10 @@ def speculators_config(
 ) -> dict:
     """config.json of `spec` exported as `model_type` ('dspark', 'dflash' or 'eagle3')."""
     kind = draft_kind(spec.kind)
-    if model_type not in (kind.export_format, kind.backbone_format):
+    if model_type not in (kind.export_format, kind.fill_in_format):
         raise ValueError(
             f"a {spec.kind} draft exports as {kind.export_format}"
-            + (f" (its backbone as {kind.backbone_format})" if kind.backbone_format else "")
+            + (f" (in the fill-in layout as {kind.fill_in_format})" if kind.fill_in_format else "")
             + f", not as {model_type}"
         )
     return _WRITERS[model_type](
@@ -217,46 +224,25 @@ def export_draft(
     return out
 
 
-def backbone_dir(export_dir: Path) -> Path:
-    """Where a draft's backbone export sits beside its export: `<export>-dflash`."""
-    return export_dir.with_name(export_dir.name + "-dflash")
-
-
-def export_checkpoint(
-    checkpoint: Path, out: Path, *, dflash_backbone: bool = True, verifier: str | None = None
-) -> ExportPaths:
-    """Export a trainer checkpoint (checkpoints/step-N) to `out` (+ its backbone beside it)."""
+def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = None) -> ExportPaths:
+    """Export a trainer checkpoint (checkpoints/step-N) to `out`, in its kind's format for
+    its layout (a DSpark draft in the fill-in layout: its DFlash backbone)."""
     from pipeline.targets.resolve import resolve_model
 
     ckpt = load_checkpoint(checkpoint)
     spec, kind = ckpt.spec, draft_kind(ckpt.spec.kind)
     target_dir = resolve_model(ckpt.target)
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
-    state = ckpt.model_state()
-    verifier = verifier or str(Path(target_dir).resolve())
-
-    def write(model_type: str, where: Path) -> Path:
-        return export_draft(
-            state=state,
-            spec=spec,
-            out=where,
-            model_type=model_type,
-            verifier=verifier,
-            target_config=target_config,
-        )
-
-    draft = write(kind.export_format, out)
-    backbone = None
-    if kind.backbone_format and dflash_backbone:
-        if spec.sample_from_anchor:
-            log.warning(
-                "not exporting the DFlash backbone of %s: it was trained with sample_from_anchor=true, "
-                "which vLLM's dflash method would serve off by one",
-                ckpt.path,
-            )
-        else:
-            backbone = write(kind.backbone_format, backbone_dir(out))
-    return ExportPaths(draft, backbone)
+    model_type = kind.format_for(spec)
+    draft = export_draft(
+        state=ckpt.model_state(),
+        spec=spec,
+        out=out,
+        model_type=model_type,
+        verifier=verifier or str(Path(target_dir).resolve()),
+        target_config=target_config,
+    )
+    return ExportPaths(draft, draft if model_type != kind.export_format else None)
 
 
 # ---------------------------------------------------------------------- reading

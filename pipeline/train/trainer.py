@@ -106,11 +106,12 @@ def train(
     if export and result.steps >= config.num_steps:
         from pipeline.train.export import export_checkpoint
 
-        paths = export_checkpoint(
-            result.checkpoint,
-            export_dir(out_dir, config.export.dir),
-            dflash_backbone=config.export.dflash_backbone,
-        )
+        if config.export.dflash_backbone is not None:
+            log.warning(
+                "export.dflash_backbone is ignored: a DSpark draft in the fill-in layout is "
+                "exported as its DFlash backbone only; remove the key"
+            )
+        paths = export_checkpoint(result.checkpoint, export_dir(out_dir, config.export.dir))
         result.export_dir = paths.draft
         result.dflash_dir = paths.dflash_backbone
     return result
@@ -409,7 +410,6 @@ def summary_lines(result: TrainResult) -> list[str]:
             f"held-out ({h['samples']} samples): tau_tv {h['tau_tv']:.2f}, tau_greedy {h['tau_greedy']:.2f}"
         )
     if result.export_dir:
-        lines.append(f"draft (speculators format): {result.export_dir}")
-    if result.dflash_dir:
-        lines.append(f"DFlash backbone (serves on vLLM CPU): {result.dflash_dir}")
+        what = "its DFlash backbone, served by vLLM's CPU build" if result.dflash_dir else "draft"
+        lines.append(f"export ({what}, speculators format): {result.export_dir}")
     return lines

@@ -3,9 +3,8 @@
 Every place that used to ask `if kind == ...` asks this table instead: the
 training config (defaults and the fields a kind fixes), spec resolution (the
 heads), the trainer (model class, loss weights, slot weights, mask token),
-the export (speculators formats) and the evaluation (the vLLM method its CPU
-build serves it with; how it drafts is pipeline/evaluate/drafters/registry.py,
-one floor up). A new kind is one entry here, its model module, and its
+the export (speculators format per layout); how it drafts is
+pipeline/evaluate/drafters/registry.py, one floor up. A new kind is one entry here, its model module, and its
 drafter.
 
 No torch at import: the training config reads this table, and the CLI must
@@ -48,14 +47,13 @@ class DraftKind:
     sample_from_anchor: bool
     # The speculators format (vLLM method) the draft exports as.
     export_format: str
-    # vLLM methods that may serve the export; the first is what vLLM's CPU build runs.
-    vllm_methods: tuple[str, ...]
     # Markov logit-bias and confidence heads (DSpark).
     heads: bool = False
     # Mask slots embed a mask token (False: every slot reads a real token).
     mask_token: bool = True
-    # The format the backbone alone also exports as (what vLLM's CPU build serves).
-    backbone_format: str | None = None
+    # The format a draft of the fill-in layout exports as instead (dspark: its
+    # backbone as dflash; vLLM's DSpark speculator serves only the anchor layout).
+    fill_in_format: str | None = None
     # DraftConfig defaults of this kind, and the fields it fixes: field -> (value, why).
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
@@ -63,6 +61,12 @@ class DraftKind:
     def build(self, spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
         """The draft module of `spec` with the target's frozen embeddings and lm_head."""
         return self.model()(spec, embed, lm_head)
+
+    def format_for(self, spec: DraftSpec) -> str:
+        """The speculators format `spec` exports as (its layout decides for dspark)."""
+        if self.fill_in_format and not spec.sample_from_anchor:
+            return self.fill_in_format
+        return self.export_format
 
 
 def _block_model() -> type[nn.Module]:
@@ -100,9 +104,8 @@ KINDS: dict[str, DraftKind] = {
             loss=LossWeights(ce=0.1, tv=0.9, bce=1.0, kl=0.0),
             sample_from_anchor=True,
             export_format="dspark",
-            vllm_methods=("dflash", "dspark"),
             heads=True,
-            backbone_format="dflash",
+            fill_in_format="dflash",
         ),
         # The same backbone without the heads, trained with CE only.
         DraftKind(
@@ -112,7 +115,6 @@ KINDS: dict[str, DraftKind] = {
             loss=LossWeights(ce=1.0, tv=0.0, bce=0.0, kl=0.0),
             sample_from_anchor=False,
             export_format="dflash",
-            vllm_methods=("dflash", "dspark"),
             fixed={
                 "sample_from_anchor": (
                     False,
@@ -130,7 +132,6 @@ KINDS: dict[str, DraftKind] = {
             loss=LossWeights(ce=0.0, tv=0.0, bce=0.0, kl=1.0),
             sample_from_anchor=True,
             export_format="eagle3",
-            vllm_methods=("eagle3",),
             mask_token=False,
             config_defaults={"num_layers": 1, "block_size": 7},
             fixed={
