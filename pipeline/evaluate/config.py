@@ -30,6 +30,11 @@ class EvalDataConfig(ConfigModel):
     domains: list[str] = Field(default_factory=list)
     # Cap on held-out samples (in dataset order); None: all.
     max_samples: int | None = Field(None, gt=0)
+    # The offline T=0 walk is exact acceptance only on the target's greedy output
+    # stored losslessly (provenance generation.temperature 0, a lossless codec);
+    # other data is refused unless this is true, and then the report calls its
+    # T=0 tau teacher-forced agreement.
+    report_as_teacher_forced: bool = False
 
 
 class DraftEntry(ConfigModel):

@@ -48,9 +48,10 @@ class EvalResult:
         return not v or bool(v["within_tolerance"])
 
     def lines(self) -> list[str]:
-        from pipeline.evaluate.report import tau_table
+        from pipeline.evaluate.report import t0_caveat, tau_table
 
-        lines = [tau_table(self.report), ""]
+        lines = [line for line in [t0_caveat(self.report)] if line]
+        lines += [tau_table(self.report), ""]
         v = self.report.get("vllm")
         if v:
             lines.append(
@@ -94,6 +95,7 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
     """(held-out samples, data description) after the provenance and leakage checks."""
     import json
 
+    from pipeline.evaluate.offline import inexact_reasons
     from pipeline.train.config import TrainDataConfig
     from pipeline.train.data import TrainingData
 
@@ -122,6 +124,15 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
             target_config=target_config,
             aux_layer_ids=list(spec.aux_layer_ids),
         )
+    prov = data.provenance
+    inexact = inexact_reasons(generation=prov.generation, codec=prov.codec)
+    if inexact and not config.data.report_as_teacher_forced:
+        raise ValueError(
+            f"{data.where}: the offline T=0 walk measures acceptance only on the target's "
+            f"greedy output stored losslessly, but {'; '.join(inexact)}. Regenerate with "
+            "generation.temperature: 0 and a lossless codec (output.codec: bf16), or set "
+            "data.report_as_teacher_forced: true to report its tau as teacher-forced agreement"
+        )
     refs = (
         data.heldout_rows[: config.data.max_samples]
         if config.data.max_samples
@@ -136,6 +147,9 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
         "heldout_fraction": frac,
         "num_samples": len(samples),
         "domains": sorted({s.domain for s in samples}),
+        # What the offline T=0 tau measures on this data (and why, if not acceptance).
+        "t0_measure": "teacher-forced agreement" if inexact else "acceptance",
+        "t0_inexact": inexact,
     }
     return samples, info
 
