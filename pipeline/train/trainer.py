@@ -21,7 +21,9 @@ checkpoint, and `train()` loops over named steps:
 What differs between draft kinds (model class, loss weights, slot weights,
 mask token) comes from pipeline/train/drafts/registry.py. Checkpoints and
 metrics are written by rank 0 to `out_dir`: on a multi-node cluster that
-must be a shared filesystem.
+must be a shared filesystem. (Slightly over 400 lines: the public entry
+point, its result and the loop's named steps read best in one place; metrics,
+optimiser, checkpoints and the Ray launch already live beside it.)
 """
 
 from __future__ import annotations
