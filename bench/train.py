@@ -50,7 +50,7 @@ def main() -> None:
     from pipeline.shards.reader import ShardReader
     from pipeline.train.config import load_train_config
     from pipeline.train.data import TrainingData, iter_batches
-    from pipeline.train.model import resolve_spec
+    from pipeline.train.config import resolve_spec
     from pipeline.train.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:

@@ -5,10 +5,23 @@ from __future__ import annotations
 import torch
 
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.model import DraftSpec
+from pipeline.train.drafts.registry import KINDS
+from pipeline.train.drafts.spec import DraftSpec
+
+# Smaller still, for drafters checked against brute force (vocabulary 40, width 16).
+SMALL = dict(
+    vocab_size=40,
+    hidden_size=16,
+    target_hidden_size=16,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=24,
+)
 
 
 def tiny_spec(**overrides) -> DraftSpec:
+    """A tiny spec of `kind` (default dspark) that its kind allows: no heads unless the kind
+    has them, the fields it fixes (eagle3: one layer), mask id 0 where nothing is masked."""
     base = dict(
         kind="dspark",
         vocab_size=50,
@@ -30,6 +43,13 @@ def tiny_spec(**overrides) -> DraftSpec:
         confidence_head=True,
         confidence_with_markov=True,
     )
+    kind = KINDS.get(overrides.get("kind", "dspark"))
+    if kind is not None:
+        if not kind.heads:
+            base.update(markov_rank=0, confidence_head=False)
+        if not kind.mask_token:
+            base.update(mask_token_id=0)
+        base.update({name: value for name, (value, _) in kind.fixed.items()})
     base.update(overrides)
     return DraftSpec(**base)
 
@@ -77,3 +97,29 @@ def train_small_draft(
         )
     )
     return train(config)
+
+
+def drafted(drafter, sample: dict[str, torch.Tensor]) -> dict:
+    """What a drafter drafts from `sample` (a dict: input_ids, hidden_states,
+    num_prompt_tokens): T=0 blocks at every answer anchor, and one live proposal
+    at T=0.05 (seeded; the random toy target's logits are small). The record of
+    tests/fixtures/drafts_v0/expected.json."""
+    from pipeline.shards.reader import TrainingSample
+
+    ids, feats = sample["input_ids"], sample["hidden_states"]
+    t, p = ids.shape[0], int(sample["num_prompt_tokens"])
+    s = TrainingSample(
+        "fixture", "x", "d", ids, torch.arange(t) >= p, feats, feats, "stop", p, t - p
+    )
+    blocks = drafter.draft(s, torch.arange(p, t - 1))
+    live = drafter.propose(
+        ids[:15], feats[:15], temperature=0.05, generator=torch.Generator().manual_seed(0)
+    )
+    conf = blocks.confidence_logit
+    return {
+        "tokens": blocks.tokens.tolist(),
+        "confidence_logit": None
+        if conf is None
+        else [[round(float(x), 5) for x in r] for r in conf],
+        "live_tokens": live.tokens.tolist(),
+    }

@@ -1,10 +1,12 @@
 """Acceptance-length evaluation of trained drafts against their target (DESIGN.md §7).
 
-Modules: `offline` (exact T=0 walk), `drafting` (loading drafts, left-to-right
-DSpark drafting), `sampling` (rejection sampling and the live loop at T>0),
-`calibration` (confidence head ECE/AUC, temperature scaling, truncation),
-`live_vllm` (cross-check against vLLM's counters), `report` (JSON, Markdown,
-plots), `config` (the YAML format), `run` (the stage: `run_evaluation`).
+Modules: `offline` (exact T=0 walk), `drafters/` (loading drafts; one drafter
+per kind: DSpark/DFlash blocks drafted left to right, EAGLE-3's step loop),
+`sampling` (rejection sampling and the live loop at T>0), `calibration`
+(confidence head ECE/AUC, temperature scaling, truncation), `uncertainty`
+(bootstrap intervals), `vllm` (cross-check against vLLM's counters), `report`
+(JSON, Markdown, plots), `config` (the YAML format), `run` (the stage:
+`run_evaluation`).
 """
 
 from __future__ import annotations

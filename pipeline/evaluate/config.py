@@ -3,7 +3,7 @@
 Same conventions as the training config: pydantic models, frozen, unknown
 keys rejected; `load_eval_config` names the file, the dotted key and the
 problem. Paths of drafts are training run directories, checkpoints or
-speculators exports (see pipeline/evaluate/drafting.py).
+speculators exports (see pipeline/evaluate/drafters/load.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ class EvalDataConfig(ConfigModel):
     domains: list[str] = Field(default_factory=list)
     # Cap on held-out samples (in dataset order); None: all.
     max_samples: int | None = Field(None, gt=0)
+    # The offline T=0 walk is exact acceptance only on the target's greedy output
+    # stored losslessly (provenance generation.temperature 0, a lossless codec);
+    # other data is refused unless this is true, and then the report calls its
+    # T=0 tau teacher-forced agreement.
+    report_as_teacher_forced: bool = False
 
 
 class DraftEntry(ConfigModel):
@@ -90,9 +95,9 @@ class VllmCheckConfig(ConfigModel):
     """Serve a draft with vLLM and compare its acceptance counters to the offline tau (T=0)."""
 
     # Name of a draft in `drafts`. vLLM's CPU build runs dflash and eagle3: a DSpark
-    # draft is served through its backbone export `<export>-dflash`.
+    # draft is served through its DFlash export (trained in the fill-in layout).
     draft: str
-    # None: eagle3 for an EAGLE-3 draft, else dflash.
+    # None: the export's speculators_model_type (the only method that serves it).
     method: Literal["dflash", "dspark", "eagle3"] | None = None
     num_prompts: int = Field(8, gt=0)
     max_tokens: int = Field(160, gt=0)

@@ -14,6 +14,11 @@ tau = 1 + accepted / rounds, pooled over rounds (vLLM's definition,
 trajectory cannot be checked and count as rejected; a round is *full* when
 all n drafted positions and the bonus lie inside the trajectory.
 
+The walk is exact only when the shards hold the target's greedy output
+(`generation.temperature` 0) and the features the target computed (a lossless
+codec); `inexact_reasons` says why a dataset's provenance falls short. On such
+data the same walk measures teacher-forced agreement, not acceptance.
+
 Metrics here are pure keyword-only functions over tensors; `evaluate_offline`
 is the loop over samples.
 """
@@ -30,8 +35,32 @@ from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.evaluate.drafting import DraftBlocks, Drafter
+    from pipeline.evaluate.drafters.base import DraftBlocks, Drafter
     from pipeline.shards.reader import TrainingSample
+
+
+def inexact_reasons(*, generation: dict, codec: str) -> list[str]:
+    """Why the T=0 walk over shards of this provenance is not exact acceptance ([]: it is)."""
+    from pipeline.shards.codecs import get_codec
+
+    reasons = []
+    temperature = generation.get("temperature")
+    if temperature is None:
+        reasons.append(
+            f"generation.temperature is unset (generation {generation}): the answers are "
+            "not known to be the target's greedy output"
+        )
+    elif float(temperature) != 0.0:
+        reasons.append(
+            f"generation.temperature is {temperature}: the answers are samples, not the "
+            "target's greedy trajectory"
+        )
+    if not get_codec(codec).lossless:
+        reasons.append(
+            f"codec is {codec!r}, which is lossy: the draft reads other features than the "
+            "target computed"
+        )
+    return reasons
 
 
 def accepted_lengths(
@@ -235,7 +264,7 @@ def draft_in_chunks(drafter: Drafter, sample: TrainingSample, anchors: torch.Ten
     makes every anchor's block logits large: 500 anchors x 16 x 152k floats is 5 GB)."""
     import torch
 
-    from pipeline.evaluate.drafting import DraftBlocks
+    from pipeline.evaluate.drafters.base import DraftBlocks
 
     parts = [drafter.draft(sample, a) for a in anchors.split(ANCHORS_PER_CALL)]
     conf = [p.confidence_logit for p in parts]

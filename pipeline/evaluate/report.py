@@ -38,6 +38,17 @@ def domains_of(report: dict) -> list[str]:
     return sorted(found)
 
 
+def t0_caveat(report: dict) -> str | None:
+    """The warning a T=0 table carries when the data makes its tau teacher-forced agreement."""
+    data = report["data"]
+    if data.get("t0_measure", "acceptance") == "acceptance":
+        return None
+    return (
+        "T=0 tau below is teacher-forced agreement with the stored answers, not acceptance "
+        f"(data.report_as_teacher_forced): {'; '.join(data.get('t0_inexact', []))}."
+    )
+
+
 def tau_table(report: dict) -> str:
     """Markdown: one row per draft, tau per domain, macro and pooled (T=0, offline, exact)."""
     domains = domains_of(report)
@@ -68,6 +79,12 @@ def tau_table(report: dict) -> str:
 
 def markdown(report: dict, plots: dict[str, Path]) -> str:
     data = report["data"]
+    caveat = t0_caveat(report)
+    t0 = (
+        "## Temperature 0 (exact, offline walk of the target's greedy trajectory)"
+        if caveat is None
+        else "## Temperature 0 (offline walk: teacher-forced agreement, not acceptance)"
+    )
     out = [
         f"# Acceptance length against {report['target']}",
         "",
@@ -76,8 +93,9 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
         "verification round, pooled over rounds; macro = mean over domains; intervals: "
         "stratified bootstrap over samples (pipeline/evaluate/uncertainty.py).",
         "",
-        "## Temperature 0 (exact, offline walk of the target's greedy trajectory)",
+        t0,
         "",
+        *([caveat, ""] if caveat else []),
         tau_table(report),
         "",
         "### Conditional acceptance per drafted position (T=0)",

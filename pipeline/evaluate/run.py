@@ -20,10 +20,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.evaluate.config import EvalConfig
+from pipeline.evaluate.config import DraftEntry, EvalConfig
 from pipeline.logs import kv
+
+if TYPE_CHECKING:
+    from pipeline.evaluate.drafters.base import Drafter
+    from pipeline.evaluate.drafters.load import LoadedDraft
+    from pipeline.shards.reader import TrainingSample
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +48,10 @@ class EvalResult:
         return not v or bool(v["within_tolerance"])
 
     def lines(self) -> list[str]:
-        from pipeline.evaluate.report import tau_table
+        from pipeline.evaluate.report import t0_caveat, tau_table
 
-        lines = [tau_table(self.report), ""]
+        lines = [line for line in [t0_caveat(self.report)] if line]
+        lines += [tau_table(self.report), ""]
         v = self.report.get("vllm")
         if v:
             lines.append(
@@ -89,6 +95,7 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
     """(held-out samples, data description) after the provenance and leakage checks."""
     import json
 
+    from pipeline.evaluate.offline import inexact_reasons
     from pipeline.train.config import TrainDataConfig
     from pipeline.train.data import TrainingData
 
@@ -117,6 +124,15 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
             target_config=target_config,
             aux_layer_ids=list(spec.aux_layer_ids),
         )
+    prov = data.provenance
+    inexact = inexact_reasons(generation=prov.generation, codec=prov.codec)
+    if inexact and not config.data.report_as_teacher_forced:
+        raise ValueError(
+            f"{data.where}: the offline T=0 walk measures acceptance only on the target's "
+            f"greedy output stored losslessly, but {'; '.join(inexact)}. Regenerate with "
+            "generation.temperature: 0 and a lossless codec (output.codec: bf16), or set "
+            "data.report_as_teacher_forced: true to report its tau as teacher-forced agreement"
+        )
     refs = (
         data.heldout_rows[: config.data.max_samples]
         if config.data.max_samples
@@ -131,6 +147,9 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
         "heldout_fraction": frac,
         "num_samples": len(samples),
         "domains": sorted({s.domain for s in samples}),
+        # What the offline T=0 tau measures on this data (and why, if not acceptance).
+        "t0_measure": "teacher-forced agreement" if inexact else "acceptance",
+        "t0_inexact": inexact,
     }
     return samples, info
 
@@ -149,64 +168,6 @@ def _prompts(samples, num: int) -> list:
     return picked
 
 
-def live_report(
-    *,
-    drafter,
-    verifier,
-    samples,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-    samples_per_prompt: int = 1,
-) -> dict:
-    """tau of the live loop per domain at `temperature` over the prompts of `samples`.
-
-    Each prompt is decoded `samples_per_prompt` times (fresh draws; run `r` of
-    sample `s` is recorded as `s#r`), so the bootstrap pairs the same runs
-    across drafts."""
-    import torch
-
-    from pipeline.evaluate.offline import AcceptanceReport, tau
-    from pipeline.evaluate.sampling import live_decode
-    from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
-
-    accepted: dict[str, list[int]] = {}
-    runs = PerSample([], [], [], [])
-    generator = torch.Generator().manual_seed(seed)
-    for s in samples:
-        for r in range(samples_per_prompt):
-            run = live_decode(
-                drafter=drafter,
-                verifier=verifier,
-                prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                generator=generator,
-            )
-            accepted.setdefault(s.domain, []).extend(run.accepted)
-            runs.ids.append(f"{s.sample_id}#{r}")
-            runs.domain.append(s.domain)
-            runs.accepted.append(sum(run.accepted))
-            runs.rounds.append(len(run.accepted))
-    taus = {d: tau(accepted=torch.tensor(v)) for d, v in sorted(accepted.items()) if v}
-    every = torch.tensor([a for v in accepted.values() for a in v])
-    return AcceptanceReport(
-        num_draft_tokens=drafter.num_draft_tokens,
-        tau=tau(accepted=every),
-        tau_macro=sum(taus.values()) / len(taus) if taus else float("nan"),
-        tau_full_rounds=float("nan"),
-        tau_by_domain=taus,
-        rounds_by_domain={d: len(v) for d, v in sorted(accepted.items())},
-        position_acceptance=[],
-        position_counts=[],
-        num_rounds=int(every.numel()),
-        num_samples=len(samples),
-        per_sample=runs,
-        tau_macro_ci95=macro_tau_interval(runs),
-        extra={"samples_per_prompt": samples_per_prompt},
-    ).to_dict()
-
-
 def run_evaluation(config: EvalConfig) -> EvalResult:
     """Evaluate every draft of `config` (see the module docstring)."""
     from pipeline.threads import torch_threads
@@ -216,18 +177,12 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
 
 
 def _run_evaluation(config: EvalConfig) -> EvalResult:
-    from pipeline.evaluate.calibration import (
-        calibration_metrics,
-        conditional_events,
-        fit_calibration,
-        in_calibration_split,
-        truncation_sweep,
-    )
-    from pipeline.evaluate.drafting import Drafter, load_draft, make_drafter
-    from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
+    from pipeline.evaluate.calibration import in_calibration_split
+    from pipeline.evaluate.drafters.load import load_draft
+    from pipeline.evaluate.drafters.registry import make_drafter
     from pipeline.evaluate.report import write_report
     from pipeline.targets.resolve import resolve_model
-    from pipeline.train.model import load_target_head
+    from pipeline.train.drafts.common import load_target_head
 
     started = time.monotonic()
     target_dir = Path(resolve_model(config.target))
@@ -260,63 +215,16 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
     drafters: dict[str, Drafter] = {}
     for entry in config.drafts:
         if entry.name not in loaded:
-            drafts[entry.name] = {
-                "available": False,
-                "note": entry.note or "no checkpoint given",
-            }
+            drafts[entry.name] = {"available": False, "note": entry.note or "no checkpoint given"}
             continue
-        draft = loaded[entry.name]
-        drafter = make_drafter(entry.name, draft, use_heads=entry.use_heads)
-        drafters[entry.name] = drafter
-        n = drafter.num_draft_tokens
-        fit_tables = build_tables(fit_samples, drafter)
-        eval_tables = build_tables(eval_samples, drafter)
-        rounds = walk_tables(fit_tables + eval_tables, num_draft_tokens=n)
-        result: dict[str, Any] = {
-            "available": True,
-            "source": str(draft.source),
-            "untrained": entry.untrained,
-            "kind": draft.spec.kind,
-            "use_heads": entry.use_heads,
-            "block_size": draft.spec.block_size,
-            "sample_from_anchor": draft.spec.sample_from_anchor,
-            "offline_t0": summarize_rounds(
-                rounds=rounds,
-                num_samples=len(fit_tables) + len(eval_tables),
-                sample_ids=[t.sample_id for t in fit_tables + eval_tables],
-            ).to_dict(),
-        }
-        if entry.note:
-            result["note"] = entry.note
-        calibrate = config.calibration.enabled and drafter.has_confidence and not entry.untrained
-        if calibrate and fit_tables and eval_tables:
-            cal = fit_calibration(conditional_events(fit_tables, n), num_samples=len(fit_tables))
-            result["calibration"] = {
-                "temperatures": [round(t, 4) for t in cal.temperatures],
-                "fit_samples": len(fit_tables),
-                "eval_samples": len(eval_tables),
-                "metrics": calibration_metrics(conditional_events(eval_tables, n), cal),
-            }
-            result["truncation"] = truncation_sweep(
-                eval_tables,
-                calibration=cal,
-                thresholds=config.calibration.thresholds,
-                num_draft_tokens=n,
-            )
-            if config.calibration.store and draft.export_dir is not None and not entry.untrained:
-                result["calibration"]["stored"] = str(cal.save(draft.export_dir))
-        drafts[entry.name] = result
-        log.info(
-            "offline T=0 %s",
-            kv(
-                draft=entry.name,
-                tau=result["offline_t0"]["tau"],
-                macro=result["offline_t0"]["tau_macro"],
-            ),
+        drafter = drafters[entry.name] = make_drafter(
+            entry.name, loaded[entry.name], use_heads=entry.use_heads
         )
-
+        drafts[entry.name] = evaluate_draft(
+            config, entry, loaded[entry.name], drafter, fit_samples, eval_samples
+        )
     if config.live is not None and drafters:
-        from pipeline.evaluate.sampling import HFVerifier
+        from pipeline.evaluate.sampling import HFVerifier, live_report
 
         aux = next(iter(loaded.values())).spec.aux_layer_ids
         verifier = HFVerifier(str(target_dir), aux)
@@ -336,54 +244,85 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
             }
         verifier.target.close()
 
-    report: dict[str, Any] = {
-        "target": config.target,
-        "data": data_info,
-        "drafts": drafts,
-    }
+    report: dict[str, Any] = {"target": config.target, "data": data_info, "drafts": drafts}
     report["seconds"] = round(time.monotonic() - started, 1)
     json_path, md_path, plots = write_report(report, Path(config.out_dir))
     if config.vllm is not None:
+        from pipeline.evaluate.vllm import check_against_vllm
+
         # Written first: a failed engine start must not lose the offline and live results.
-        report["vllm"] = vllm_check(config, loaded, drafters, samples, target_dir).to_dict()
+        vc = config.vllm
+        prompts = [
+            s.input_ids[: s.num_prompt_tokens].tolist() for s in _prompts(samples, vc.num_prompts)
+        ]
+        if vc.draft not in loaded:
+            raise ValueError(f"vllm.draft {vc.draft!r} has no export directory to serve")
+        report["vllm"] = check_against_vllm(
+            vc, loaded[vc.draft], prompts, str(target_dir)
+        ).to_dict()
         report["seconds"] = round(time.monotonic() - started, 1)
         json_path, md_path, plots = write_report(report, Path(config.out_dir))
     return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
 
 
-def vllm_check(config: EvalConfig, loaded, drafters, samples, target_dir: Path):
-    """The vLLM cross-check of `config.vllm.draft` (served through its DFlash export on CPU)."""
-    from pipeline.evaluate.drafting import make_drafter
-    from pipeline.evaluate.live_vllm import compare_with_vllm, served_draft_dir
-
-    vc = config.vllm
-    draft = loaded.get(vc.draft)
-    if draft is None or draft.export_dir is None:
-        raise ValueError(f"vllm.draft {vc.draft!r} has no export directory to serve")
-    eagle3 = draft.spec.kind == "eagle3"
-    method = vc.method or ("eagle3" if eagle3 else "dflash")
-    if eagle3 != (method == "eagle3"):
-        raise ValueError(
-            f"vllm.method {method!r} cannot serve the {draft.spec.kind} draft {vc.draft!r}"
-        )
-    served = served_draft_dir(draft.export_dir, method)
-    # vLLM's dflash runs the backbone alone: evaluate the same weights offline without heads.
-    drafter = make_drafter(vc.draft, draft, use_heads=method != "dflash")
-    prompts = [
-        s.input_ids[: s.num_prompt_tokens].tolist() for s in _prompts(samples, vc.num_prompts)
-    ]
-    return compare_with_vllm(
-        target_dir=str(target_dir),
-        draft_dir=served,
-        drafter=drafter,
-        prompts=prompts,
-        method=method,
-        max_tokens=vc.max_tokens,
-        tolerance=vc.tolerance,
-        gpu_memory_utilization=vc.gpu_memory_utilization,
-        max_model_len=vc.max_model_len,
-        timeout_s=vc.timeout_s,
+def evaluate_draft(
+    config: EvalConfig,
+    entry: DraftEntry,
+    draft: LoadedDraft,
+    drafter: Drafter,
+    fit_samples: list[TrainingSample],
+    eval_samples: list[TrainingSample],
+) -> dict[str, Any]:
+    """One draft's row: the exact offline walk at T=0 over all held-out samples and, for
+    a confidence head, calibration fitted on `fit_samples`, reported on `eval_samples`."""
+    from pipeline.evaluate.calibration import (
+        calibration_metrics,
+        conditional_events,
+        fit_calibration,
+        truncation_sweep,
     )
+    from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
+
+    n = drafter.num_draft_tokens
+    fit_tables = build_tables(fit_samples, drafter)
+    eval_tables = build_tables(eval_samples, drafter)
+    tables = fit_tables + eval_tables
+    result: dict[str, Any] = {
+        "available": True,
+        "source": str(draft.source),
+        "untrained": entry.untrained,
+        "kind": draft.spec.kind,
+        "use_heads": entry.use_heads,
+        "block_size": draft.spec.block_size,
+        "sample_from_anchor": draft.spec.sample_from_anchor,
+        "offline_t0": summarize_rounds(
+            rounds=walk_tables(tables, num_draft_tokens=n),
+            num_samples=len(tables),
+            sample_ids=[t.sample_id for t in tables],
+        ).to_dict(),
+    }
+    if entry.note:
+        result["note"] = entry.note
+    calibrate = config.calibration.enabled and drafter.has_confidence and not entry.untrained
+    if calibrate and fit_tables and eval_tables:
+        cal = fit_calibration(conditional_events(fit_tables, n), num_samples=len(fit_tables))
+        result["calibration"] = {
+            "temperatures": [round(t, 4) for t in cal.temperatures],
+            "fit_samples": len(fit_tables),
+            "eval_samples": len(eval_tables),
+            "metrics": calibration_metrics(conditional_events(eval_tables, n), cal),
+        }
+        result["truncation"] = truncation_sweep(
+            eval_tables,
+            calibration=cal,
+            thresholds=config.calibration.thresholds,
+            num_draft_tokens=n,
+        )
+        if config.calibration.store and draft.export_dir is not None:
+            result["calibration"]["stored"] = str(cal.save(draft.export_dir))
+    offline = result["offline_t0"]
+    log.info("offline T=0 %s", kv(draft=entry.name, tau=offline["tau"], macro=offline["tau_macro"]))
+    return result
 
 
 def demo_report(
@@ -403,6 +342,7 @@ def demo_report(
     and EAGLE-3 drafts where given (else n/a) and an untrained copy.
     """
     from pipeline.evaluate.config import parse_eval_config
+    from pipeline.evaluate.drafters.load import draft_target
 
     baseline = "not trained by the demo (bench/evaluate.py trains it)"
     drafts: list[dict] = [
@@ -415,7 +355,7 @@ def demo_report(
         {"name": "untrained", "path": str(dspark), "untrained": True},
     ]
     data: dict[str, Any] = {
-        "target": _train_target(dspark),
+        "target": draft_target(dspark),
         "drafts": drafts,
         "out_dir": str(Path(out_dir)),
     }
@@ -427,18 +367,3 @@ def demo_report(
     for line in result.lines():
         print_fn(line)
     return result
-
-
-def _train_target(path: str | Path) -> str:
-    """The target a training run (or export) was trained against."""
-    import json
-
-    from pipeline.evaluate.drafting import _checkpoint_dir
-
-    ckpt = _checkpoint_dir(Path(path))
-    if ckpt is not None:
-        import yaml
-
-        return yaml.safe_load((ckpt / "config.yaml").read_text())["target"]
-    config = json.loads((Path(path) / "config.json").read_text())
-    return config["speculators_config"]["verifier"]["name_or_path"]

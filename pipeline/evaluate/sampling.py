@@ -15,7 +15,8 @@ The same forward pass yields the target's features of every committed
 position, which the next round's draft reads as context. Features are
 rounded to the dtype the shards store (bf16), as the draft saw in training.
 Temperature 0 is the same loop with argmax on both sides; its tau must equal
-the offline walk's on the same trajectory.
+the offline walk's on the same trajectory. `live_report` runs the loop over
+prompts and reports tau per domain, in the offline walk's report format.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.evaluate.drafting import Drafter
+    from pipeline.evaluate.drafters.base import Drafter
+    from pipeline.shards.reader import TrainingSample
 
 
 @dataclass
@@ -164,3 +166,60 @@ def live_decode(
         features = feats[: len(seq) - 1].to(fdt)
     finish = "stop" if output[-1] in verifier.eos_ids else "length"
     return LiveRun(output, accepted_log, finish)
+
+
+def live_report(
+    *,
+    drafter: Drafter,
+    verifier: HFVerifier,
+    samples: Sequence[TrainingSample],
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    samples_per_prompt: int = 1,
+) -> dict:
+    """tau of the live loop per domain at `temperature` over the prompts of `samples`.
+
+    Each prompt is decoded `samples_per_prompt` times (fresh draws; run `r` of
+    sample `s` is recorded as `s#r`), so the bootstrap pairs the same runs
+    across drafts."""
+    import torch
+
+    from pipeline.evaluate.offline import AcceptanceReport, tau
+    from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
+
+    accepted: dict[str, list[int]] = {}
+    runs = PerSample([], [], [], [])
+    generator = torch.Generator().manual_seed(seed)
+    for s in samples:
+        for r in range(samples_per_prompt):
+            run = live_decode(
+                drafter=drafter,
+                verifier=verifier,
+                prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                generator=generator,
+            )
+            accepted.setdefault(s.domain, []).extend(run.accepted)
+            runs.ids.append(f"{s.sample_id}#{r}")
+            runs.domain.append(s.domain)
+            runs.accepted.append(sum(run.accepted))
+            runs.rounds.append(len(run.accepted))
+    taus = {d: tau(accepted=torch.tensor(v)) for d, v in sorted(accepted.items()) if v}
+    every = torch.tensor([a for v in accepted.values() for a in v])
+    return AcceptanceReport(
+        num_draft_tokens=drafter.num_draft_tokens,
+        tau=tau(accepted=every),
+        tau_macro=sum(taus.values()) / len(taus) if taus else float("nan"),
+        tau_full_rounds=float("nan"),
+        tau_by_domain=taus,
+        rounds_by_domain={d: len(v) for d, v in sorted(accepted.items())},
+        position_acceptance=[],
+        position_counts=[],
+        num_rounds=int(every.numel()),
+        num_samples=len(samples),
+        per_sample=runs,
+        tau_macro_ci95=macro_tau_interval(runs),
+        extra={"samples_per_prompt": samples_per_prompt},
+    ).to_dict()

@@ -1,29 +1,37 @@
 """Typed configuration of the training stage (`dspark-targets train --config ...`).
 
 One pydantic model per concern (draft architecture, loss weights, data,
-optimiser, run), all frozen and forbidding unknown keys. `load_train_config`
+optimiser, run), all frozen and forbidding unknown keys. What differs between
+draft kinds (defaults, fixed fields, loss weights) comes from the one table of
+kinds, pipeline/train/drafts/registry.py; `DraftConfig.resolve` turns a draft
+config into the DraftSpec a checkpoint records. `load_train_config`
 reads a YAML file and fails with the same message style as pipeline/config.py:
 file, dotted key, problem.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
+from pipeline.train.drafts.registry import KINDS, draft_kind
+from pipeline.train.drafts.spec import DraftSpec
 
 
 class DraftConfig(ConfigModel):
     """The draft architecture (DESIGN.md §6). Unset sizes copy the target's."""
 
-    # dspark: DFlash backbone + Markov logit-bias head + confidence head.
-    # dflash: the same backbone without the heads, trained with CE only.
-    # eagle3: the EAGLE-3 baseline (pipeline/train/eagle3.py): one layer, the
-    # training-time test unrolled block_size steps (default 1 layer, 7 steps).
-    kind: Literal["dspark", "dflash", "eagle3"] = "dspark"
+    # A kind of pipeline/train/drafts/registry.py. dspark: DFlash backbone +
+    # Markov logit-bias head + confidence head. dflash: the same backbone
+    # without the heads, trained with CE only. eagle3: the EAGLE-3 baseline
+    # (pipeline/train/drafts/eagle3.py): one layer, the training-time test
+    # unrolled block_size steps (default 1 layer, 7 steps).
+    kind: str = "dspark"
     num_layers: int = Field(5, gt=0)
     # Query slots per block: [anchor, MASK x (block_size - 1)]. eagle3: the
     # number of unrolled draft steps (vLLM's num_speculative_tokens).
@@ -31,7 +39,7 @@ class DraftConfig(ConfigModel):
     # True: slot k predicts token p+k+1 (the anchor slot predicts too; block_size
     # drafted tokens). False: the DFlash fill-in layout, slot k predicts p+k
     # (block_size - 1 drafted tokens); vLLM serves only this layout as `dflash`.
-    # None: True for dspark, False for dflash.
+    # None: the kind's default (True for dspark and eagle3, False for dflash).
     sample_from_anchor: bool | None = None
     markov_rank: int = Field(256, gt=0)
     confidence_head: bool = True
@@ -49,35 +57,69 @@ class DraftConfig(ConfigModel):
     @property
     def anchor_predicts(self) -> bool:
         if self.sample_from_anchor is None:
-            return self.kind in ("dspark", "eagle3")
+            return draft_kind(self.kind).sample_from_anchor
         return self.sample_from_anchor
 
     @model_validator(mode="before")
     @classmethod
-    def _eagle3_defaults(cls, data: Any) -> Any:
-        # EAGLE-3: one layer, 7 unrolled steps unless the config says otherwise.
-        if isinstance(data, dict) and data.get("kind") == "eagle3":
-            data = {"num_layers": 1, "block_size": 7, **data}
+    def _kind_defaults(cls, data: Any) -> Any:
+        # e.g. EAGLE-3: one layer, 7 unrolled steps unless the config says otherwise.
+        if isinstance(data, dict) and (kind := KINDS.get(data.get("kind", "dspark"))):
+            data = {**kind.config_defaults, **data}
         return data
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        draft_kind(kind)
+        return kind
+
     @model_validator(mode="after")
-    def _heads_only_for_dspark(self) -> DraftConfig:
-        if self.kind == "eagle3" and self.num_layers != 1:
-            raise ValueError(
-                f"kind: eagle3 is the one-layer EAGLE-3 baseline, got num_layers {self.num_layers}: "
-                "set num_layers: 1 (or leave it unset)"
-            )
-        if self.kind == "eagle3" and self.sample_from_anchor is False:
-            raise ValueError(
-                "kind: eagle3 drafts from the token just sampled (step s predicts token a+s+1): "
-                "leave sample_from_anchor unset"
-            )
-        if self.kind == "dflash" and self.sample_from_anchor:
-            raise ValueError(
-                "sample_from_anchor=true is the DSpark layout; vLLM's dflash method serves "
-                "only the fill-in layout: set kind: dspark or sample_from_anchor: false"
-            )
+    def _fixed_by_kind(self) -> DraftConfig:
+        for name, (value, why) in draft_kind(self.kind).fixed.items():
+            got = getattr(self, name)
+            if got is not None and got != value:
+                raise ValueError(f"{why} (got {name}: {str(got).lower()})")
         return self
+
+    def resolve(
+        self, target_config: dict, *, aux_layer_ids: Sequence[int], mask_token_id: int
+    ) -> DraftSpec:
+        """The DraftSpec: unset sizes filled from the target's config.json contents."""
+        cfg = target_config
+        rope = cfg.get("rope_parameters") or {}
+        hidden = cfg["hidden_size"]
+        heads = self.num_heads or cfg["num_attention_heads"]
+        with_heads = draft_kind(self.kind).heads
+        return DraftSpec(
+            kind=self.kind,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            target_hidden_size=hidden,
+            aux_layer_ids=tuple(int(i) for i in aux_layer_ids),
+            num_layers=self.num_layers,
+            num_heads=heads,
+            num_kv_heads=self.num_kv_heads or cfg.get("num_key_value_heads", heads),
+            head_dim=self.head_dim or cfg.get("head_dim") or hidden // heads,
+            intermediate_size=self.intermediate_size or cfg["intermediate_size"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1e6))),
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            block_size=self.block_size,
+            mask_token_id=mask_token_id,
+            sample_from_anchor=self.anchor_predicts,
+            markov_rank=self.markov_rank if with_heads else 0,
+            confidence_head=with_heads and self.confidence_head,
+            confidence_with_markov=self.confidence_with_markov,
+        )
+
+
+def resolve_spec(
+    target_dir: str | Path, draft: DraftConfig, aux_layer_ids: Sequence[int], mask_token_id: int
+) -> DraftSpec:
+    """`draft.resolve` against the target checkpoint in `target_dir`."""
+    target_config = json.loads((Path(target_dir) / "config.json").read_text())
+    return draft.resolve(target_config, aux_layer_ids=aux_layer_ids, mask_token_id=mask_token_id)
 
 
 class LossConfig(ConfigModel):
@@ -97,21 +139,16 @@ class LossConfig(ConfigModel):
     ttt_step_decay: float = Field(0.8, gt=0.0, le=1.0)
 
     def weights(self, kind: str) -> tuple[float, float, float]:
-        ce, tv, bce = {
-            "dspark": (0.1, 0.9, 1.0),
-            "dflash": (1.0, 0.0, 0.0),
-            "eagle3": (0.0, 0.0, 0.0),
-        }[kind]
+        """(ce, tv, bce) weights for a draft of `kind`."""
+        default = draft_kind(kind).loss
         return (
-            ce if self.ce_weight is None else self.ce_weight,
-            tv if self.tv_weight is None else self.tv_weight,
-            bce if self.bce_weight is None else self.bce_weight,
+            default.ce if self.ce_weight is None else self.ce_weight,
+            default.tv if self.tv_weight is None else self.tv_weight,
+            default.bce if self.bce_weight is None else self.bce_weight,
         )
 
     def kl(self, kind: str) -> float:
-        if self.kl_weight is not None:
-            return self.kl_weight
-        return 1.0 if kind == "eagle3" else 0.0
+        return draft_kind(kind).loss.kl if self.kl_weight is None else self.kl_weight
 
 
 class TrainDataConfig(ConfigModel):
@@ -154,8 +191,9 @@ class ExportConfig(ConfigModel):
 
     # Directory for the exported draft; None: <out_dir>/export.
     dir: str | None = None
-    # Also export the DFlash backbone of a DSpark draft (what vLLM's CPU build serves).
-    dflash_backbone: bool = True
+    # Ignored (old configs set it): a DSpark draft in the fill-in layout is exported
+    # as its DFlash backbone only, one in the anchor layout cannot be (off by one).
+    dflash_backbone: bool | None = None
 
 
 class TrainRayConfig(ConfigModel):

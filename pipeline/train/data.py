@@ -17,7 +17,7 @@
   next token is also a loss-mask token, redrawn every epoch (seeded per
   sample), so the same sample yields different blocks each epoch.
 * **Packing**: samples share a row up to `max_row_tokens` context tokens; the
-  attention mask keeps them apart (model.context_mask).
+  attention mask keeps them apart (drafts/common.py: context_mask).
 * **Prefetch**: a background thread builds batches ahead.
 """
 
@@ -34,7 +34,8 @@ from pipeline.shards.manifest import Dataset, Manifest
 from pipeline.shards.reader import TrainingSample, decode_rows, open_shard
 from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
 from pipeline.train.config import TrainDataConfig
-from pipeline.train.model import DraftInputs, DraftSpec
+from pipeline.train.drafts.common import DraftInputs
+from pipeline.train.drafts.spec import DraftSpec
 
 
 class DataMismatchError(ValueError):
@@ -75,6 +76,13 @@ class TrainBatch:
             self.num_samples,
             self.num_tokens,
         )
+
+    def teacher_logits(self, model) -> torch.Tensor:
+        """(R, Nb, B, V) the target's logits for the token each block slot drafts, rebuilt
+        from the stored post-norm final hidden states through the draft's frozen lm_head."""
+        r, nb, b = self.teacher_index.shape
+        idx = self.teacher_index.view(r, nb * b, 1).expand(-1, -1, self.last_hidden.shape[-1])
+        return model.target_logits(self.last_hidden.gather(1, idx)).view(r, nb, b, -1)
 
 
 def is_heldout(sample_id: str, fraction: float) -> bool:

@@ -11,10 +11,14 @@ vLLM derives `target_layer_ids = aux_ids - 1` itself when it loads a
 speculators config. DFlash drafts get `sliding_window_non_causal: true`, or
 vLLM would run the bidirectional block causally (measured: tau 2.48 vs 3.18).
 
-A DSpark draft trained in the fill-in layout (`sample_from_anchor: false`)
-also exports its backbone as a DFlash draft: the same tensors minus the two
-heads. vLLM's CPU build serves `dflash` but not `dspark` (Triton-only runner),
-so that export is how a DSpark checkpoint is checked end to end on CPU.
+A `dspark` export is always in the anchor layout (`sample_from_anchor:
+true`): vLLM's DSpark speculator assumes it. A DSpark draft trained in the
+fill-in layout (`sample_from_anchor: false`) is exported as DFlash only: its
+backbone, the same tensors minus the two heads. vLLM's CPU build serves
+`dflash` but not `dspark` (Triton-only runner), so that export is how a DSpark
+checkpoint is checked end to end on CPU. Every format's
+`proposal_methods[0].proposal_type` is "greedy", the only type speculators
+0.9 accepts (the vLLM method is `speculators_model_type`).
 
 EAGLE-3 (`speculators_model_type: "eagle3"`, vLLM's `Eagle3Qwen3ForCausalLM`):
 `eagle_aux_hidden_state_layer_ids` = the capture ids unchanged (vLLM's target
@@ -23,6 +27,12 @@ appends the stream after layer k for id k, no shift for eagle3),
 when the key is absent is true), tensors `fc.weight`, `layers.0.*` (q/k/v read
 the 2H input), `layers.0.hidden_norm.weight`, `norm.weight`; no lm_head,
 embed_tokens, d2t/t2d (full vocabulary: vLLM shares the target's).
+
+Which format a draft kind exports as (and its backbone, if any) is the
+registry's (pipeline/train/drafts/registry.py); this module writes and reads
+each format (`speculators_model_type`). Reading is `read_export` /
+`spec_from_export`: evaluation loads a served export exactly as it loads a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -32,20 +42,22 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from pipeline.train.model import DraftSpec
+from pipeline.train.checkpoint import load_checkpoint
+from pipeline.train.drafts.registry import draft_kind
+from pipeline.train.drafts.spec import DraftSpec
 
 log = logging.getLogger(__name__)
 
 SPECULATORS_VERSION = "0.3.0"
 _HEAD_PREFIXES = ("markov_head.", "confidence_head.")
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
 
 
 @dataclass(frozen=True)
 class ExportPaths:
-    draft: Path  # the draft as trained (dspark or dflash)
-    dflash_backbone: Path | None  # a DSpark draft's backbone as a DFlash draft, if exported
+    draft: Path  # the export directory
+    dflash_backbone: Path | None  # the same, when it holds a DSpark draft's DFlash backbone
 
 
 def _layer_config(spec: DraftSpec, target_config: dict) -> dict:
@@ -86,7 +98,9 @@ def _provenance(spec: DraftSpec) -> dict:
     }
 
 
-def eagle3_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dict:
+def eagle3_config(
+    spec: DraftSpec, *, verifier: str, target_config: dict, model_type: str = "eagle3"
+) -> dict:
     """config.json of a speculators-format EAGLE-3 draft (see the module docstring)."""
     return {
         "speculators_model_type": "eagle3",
@@ -110,23 +124,24 @@ def eagle3_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dic
     }
 
 
-def speculators_config(spec: DraftSpec, *, kind: str, verifier: str, target_config: dict) -> dict:
-    """config.json of a speculators-format draft of `kind` ('dflash', 'dspark' or 'eagle3')."""
-    if kind == "eagle3" or spec.kind == "eagle3":
-        if kind != spec.kind:
-            raise ValueError(f"a {spec.kind} draft cannot be exported as {kind}")
-        return eagle3_config(spec, verifier=verifier, target_config=target_config)
-    if kind == "dflash" and spec.sample_from_anchor:
+def block_config(spec: DraftSpec, *, model_type: str, verifier: str, target_config: dict) -> dict:
+    """config.json of a speculators-format DFlash or DSpark draft (block drafting)."""
+    if model_type == "dflash" and spec.sample_from_anchor:
         raise ValueError(
             "a draft trained with sample_from_anchor=true predicts token p+k+1 in slot k; vLLM's "
             "dflash method reads slot k as token p+k, so it would be served off by one: "
             "train with sample_from_anchor: false to export a DFlash draft"
         )
-    num_draft = spec.num_draft_tokens
+    if model_type == "dspark" and not spec.sample_from_anchor:
+        raise ValueError(
+            "a dspark export needs sample_from_anchor=true (vLLM's DSpark speculator assumes "
+            "the anchor layout); a draft trained in the fill-in layout (sample_from_anchor: "
+            "false) is exported as dflash, its backbone without the heads"
+        )
     config = {
-        "speculators_model_type": kind,
+        "speculators_model_type": model_type,
         "speculators_version": SPECULATORS_VERSION,
-        "architectures": ["DFlashDraftModel" if kind == "dflash" else "Qwen3DSparkModel"],
+        "architectures": ["DFlashDraftModel" if model_type == "dflash" else "Qwen3DSparkModel"],
         "transformer_layer_config": _layer_config(spec, target_config),
         "aux_hidden_state_layer_ids": list(spec.aux_layer_ids),
         "target_hidden_size": spec.target_hidden_size,
@@ -137,20 +152,17 @@ def speculators_config(spec: DraftSpec, *, kind: str, verifier: str, target_conf
         # The block attends to itself bidirectionally (vLLM: false -> causal).
         "sliding_window_non_causal": True,
         "speculators_config": {
-            "algorithm": kind,
+            "algorithm": model_type,
+            # speculators (0.9) accepts only "greedy" here; the method is the model type.
             "proposal_methods": [
-                {
-                    "proposal_type": kind,
-                    "speculative_tokens": num_draft,
-                    "block_size": spec.block_size,
-                }
+                {"proposal_type": "greedy", "speculative_tokens": spec.num_draft_tokens}
             ],
-            "default_proposal_method": kind,
+            "default_proposal_method": "greedy",
             "verifier": _verifier(verifier, target_config),
         },
         "dspark_targets": _provenance(spec),
     }
-    if kind == "dspark":
+    if model_type == "dspark":
         config.update(
             markov_rank=spec.markov_rank,
             markov_head_type="vanilla",
@@ -160,12 +172,31 @@ def speculators_config(spec: DraftSpec, *, kind: str, verifier: str, target_conf
     return config
 
 
+def speculators_config(
+    spec: DraftSpec, *, model_type: str, verifier: str, target_config: dict
+) -> dict:
+    """config.json of `spec` exported as `model_type` ('dspark', 'dflash' or 'eagle3')."""
+    kind = draft_kind(spec.kind)
+    if model_type not in (kind.export_format, kind.fill_in_format):
+        raise ValueError(
+            f"a {spec.kind} draft exports as {kind.export_format}"
+            + (f" (in the fill-in layout as {kind.fill_in_format})" if kind.fill_in_format else "")
+            + f", not as {model_type}"
+        )
+    return _WRITERS[model_type](
+        spec, model_type=model_type, verifier=verifier, target_config=target_config
+    )
+
+
+_WRITERS = {"dspark": block_config, "dflash": block_config, "eagle3": eagle3_config}
+
+
 def export_draft(
     *,
     state: dict,
     spec: DraftSpec,
     out: Path,
-    kind: str,
+    model_type: str,
     verifier: str,
     target_config: dict,
     dtype: str | None = None,
@@ -174,62 +205,125 @@ def export_draft(
     import torch
     from safetensors.torch import save_file
 
-    if kind == "dspark" and spec.kind != "dspark":
-        raise ValueError("only a draft trained as dspark has the Markov head to export as dspark")
-    config = speculators_config(spec, kind=kind, verifier=verifier, target_config=target_config)
+    config = speculators_config(
+        spec, model_type=model_type, verifier=verifier, target_config=target_config
+    )
     torch_dtype = getattr(torch, dtype or config["transformer_layer_config"]["torch_dtype"])
+    keep_heads = model_type == draft_kind(spec.kind).export_format
     tensors = {}
     for name, tensor in state.items():
-        if kind == "dflash" and name.startswith(_HEAD_PREFIXES):
+        if not keep_heads and name.startswith(_HEAD_PREFIXES):
             continue
         # The confidence head stays fp32 (vLLM builds it with params_dtype float32).
         want = torch.float32 if name.startswith("confidence_head.") else torch_dtype
         tensors[name] = tensor.detach().to("cpu", want).contiguous()
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    log.info("exported %s draft to %s (%d tensors)", kind, out, len(tensors))
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    log.info("exported %s draft to %s (%d tensors)", model_type, out, len(tensors))
     return out
 
 
-def export_checkpoint(
-    checkpoint: Path, out: Path, *, dflash_backbone: bool = True, verifier: str | None = None
-) -> ExportPaths:
-    """Export a trainer checkpoint (checkpoints/step-N) to `out` (+ `out`-dflash)."""
-    import torch
-
+def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = None) -> ExportPaths:
+    """Export a trainer checkpoint (checkpoints/step-N) to `out`, in its kind's format for
+    its layout (a DSpark draft in the fill-in layout: its DFlash backbone)."""
     from pipeline.targets.resolve import resolve_model
 
-    checkpoint = Path(checkpoint)
-    spec = DraftSpec.from_json((checkpoint / "spec.json").read_text())
-    train_config = yaml.safe_load((checkpoint / "config.yaml").read_text())
-    target_dir = resolve_model(train_config["target"])
+    ckpt = load_checkpoint(checkpoint)
+    spec, kind = ckpt.spec, draft_kind(ckpt.spec.kind)
+    target_dir = resolve_model(ckpt.target)
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
-    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=True)["model"]
-    verifier = verifier or str(Path(target_dir).resolve())
+    model_type = kind.format_for(spec)
     draft = export_draft(
-        state=state,
+        state=ckpt.model_state(),
         spec=spec,
         out=out,
-        kind=spec.kind,
-        verifier=verifier,
+        model_type=model_type,
+        verifier=verifier or str(Path(target_dir).resolve()),
         target_config=target_config,
     )
-    backbone = None
-    if spec.kind == "dspark" and dflash_backbone:
-        if spec.sample_from_anchor:
-            log.warning(
-                "not exporting the DFlash backbone of %s: it was trained with sample_from_anchor=true, "
-                "which vLLM's dflash method would serve off by one",
-                checkpoint,
+    return ExportPaths(draft, draft if model_type != kind.export_format else None)
+
+
+# ---------------------------------------------------------------------- reading
+
+
+def is_export(path: str | Path) -> bool:
+    return (Path(path) / CONFIG).exists() and (Path(path) / WEIGHTS).exists()
+
+
+def _block_fields(config: dict) -> dict:
+    dspark = config["speculators_model_type"] == "dspark"
+    return dict(
+        kind="dspark" if dspark else "dflash",
+        aux_layer_ids=tuple(config["aux_hidden_state_layer_ids"]),
+        block_size=config["block_size"],
+        mask_token_id=config["mask_token_id"],
+        sample_from_anchor=bool(config.get("sample_from_anchor", False)),
+        markov_rank=config.get("markov_rank", 0) if dspark else 0,
+        confidence_head=dspark and bool(config.get("enable_confidence_head", False)),
+        confidence_with_markov=bool(config.get("confidence_head_with_markov", True)),
+    )
+
+
+def _eagle3_fields(config: dict) -> dict:
+    return dict(
+        kind="eagle3",
+        aux_layer_ids=tuple(config["eagle_aux_hidden_state_layer_ids"]),
+        block_size=config["speculators_config"]["proposal_methods"][0]["speculative_tokens"],
+        mask_token_id=0,  # EAGLE-3 embeds no mask
+        sample_from_anchor=True,
+        markov_rank=0,
+        confidence_head=False,
+        confidence_with_markov=True,
+    )
+
+
+_READERS = {"dspark": _block_fields, "dflash": _block_fields, "eagle3": _eagle3_fields}
+
+
+def spec_from_export(config: dict, where: str) -> DraftSpec:
+    """Rebuild the DraftSpec of a speculators-format export from its config.json."""
+    try:
+        model_type = config["speculators_model_type"]
+        if model_type not in _READERS:
+            raise ValueError(
+                f"{where}: speculators_model_type {model_type!r} is none of {sorted(_READERS)}"
             )
-        else:
-            backbone = export_draft(
-                state=state,
-                spec=spec,
-                out=out.with_name(out.name + "-dflash"),
-                kind="dflash",
-                verifier=verifier,
-                target_config=target_config,
-            )
-    return ExportPaths(draft, backbone)
+        layer = config["transformer_layer_config"]
+        rope = layer.get("rope_parameters") or {}
+        return DraftSpec(
+            vocab_size=layer["vocab_size"],
+            hidden_size=layer["hidden_size"],
+            target_hidden_size=config["target_hidden_size"],
+            num_layers=layer["num_hidden_layers"],
+            num_heads=layer["num_attention_heads"],
+            num_kv_heads=layer["num_key_value_heads"],
+            head_dim=layer["head_dim"],
+            intermediate_size=layer["intermediate_size"],
+            rms_norm_eps=layer["rms_norm_eps"],
+            rope_theta=float(rope.get("rope_theta", layer.get("rope_theta", 1e6))),
+            max_position_embeddings=layer["max_position_embeddings"],
+            **_READERS[model_type](config),
+        )
+    except (KeyError, IndexError) as err:
+        raise ValueError(
+            f"{where}: speculators config lacks {err.args[0]!r}; is this a dspark-targets export?"
+        ) from None
+
+
+def read_export(path: str | Path, *, weights: bool = True) -> tuple[DraftSpec, dict | None]:
+    """(spec, tensors) of the export in `path`; tensors None unless `weights`."""
+    path = Path(path)
+    spec = spec_from_export(json.loads((path / CONFIG).read_text()), str(path))
+    if not weights:
+        return spec, None
+    from safetensors.torch import load_file
+
+    return spec, load_file(str(path / WEIGHTS))
+
+
+def export_target(path: str | Path) -> str:
+    """The verifier an export names (`speculators_config.verifier.name_or_path`)."""
+    config = json.loads((Path(path) / CONFIG).read_text())
+    return config["speculators_config"]["verifier"]["name_or_path"]

@@ -1,47 +1,71 @@
 """The training loop: one process, or many Ray Train workers, same code.
 
-`train(config)` runs `run_worker` in this process (num_workers == 1) or in a
-Ray Train `TorchTrainer` (gloo on CPU, NCCL on GPU). The worker:
+`train(config)` runs a `Trainer` in this process (num_workers == 1) or one per
+Ray Train worker in a `TorchTrainer` (gloo on CPU, NCCL on GPU). A Trainer is
+set up in `__init__` (dataset checked against the target and draft before
+step 0, draft built, AdamW + warmup/cosine), `resume`s from the run's latest
+checkpoint, and `train()` loops over named steps:
 
-* validates the dataset against the target and draft before step 0;
-* AdamW, linear warmup + cosine, gradient clipping; bf16 autocast on GPU,
-  fp32 on CPU;
-* normalises the loss by the *global* slot weight (all-reduced), so N workers
-  compute exactly the gradient of one worker with the same global batch;
-* checkpoints model, optimiser, scheduler, step and data position atomically
-  every `checkpoint_every` steps; a restarted run resumes from the latest one
-  and continues the same loss curve;
-* logs every step to `<out_dir>/metrics.jsonl` (loss parts, accuracy per block
-  position, teacher-forced acceptance length) and a progress bar on rank 0.
+    batch -> forward_backward -> optimizer_step -> log_step -> checkpoint
+    ... -> evaluate (held-out split) -> summary.json
 
-Checkpoints and metrics are written by rank 0 to `out_dir`: on a multi-node
-cluster that must be a shared filesystem.
+* the loss is normalised by the *global* slot weight (all-reduced), so N
+  workers compute exactly the gradient of one worker with the same global batch;
+* bf16 autocast on GPU, fp32 on CPU; gradient clipping;
+* checkpoints (pipeline/train/checkpoint.py) hold model, optimiser,
+  scheduler, step and data position; a restarted run resumes from the latest
+  one and continues the same loss curve;
+* every step is a row of `<out_dir>/metrics.jsonl` (pipeline/train/metrics.py)
+  and a progress bar on rank 0.
+
+What differs between draft kinds (model class, loss weights, slot weights,
+mask token) comes from pipeline/train/drafts/registry.py. Checkpoints and
+metrics are written by rank 0 to `out_dir`: on a multi-node cluster that
+must be a shared filesystem. (Slightly over 400 lines: the public entry
+point, its result and the loop's named steps read best in one place; metrics,
+optimiser, checkpoints and the Ray launch already live beside it.)
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
-from pipeline.storage import write_text_atomic
 from pipeline.threads import torch_threads
-from pipeline.train.config import TrainConfig
+from pipeline.train.checkpoint import (
+    export_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from pipeline.train.config import TrainConfig, dump_train_config
+from pipeline.train.drafts.registry import draft_kind
+from pipeline.train.metrics import (
+    MetricsLog,
+    heldout_metrics,
+    read_metrics,
+    read_summary,
+    step_row,
+    step_sums,
+    write_summary,
+)
 
 if TYPE_CHECKING:
     import torch
 
+    from pipeline.train.data import TrainBatch
+    from pipeline.train.drafts.common import DraftOutput
+    from pipeline.train.loss import LossParts
+
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
+HELDOUT_LIMIT = 64  # held-out samples evaluated at the end of a run
+HELDOUT_BATCH = 8
 
 
 @dataclass
@@ -55,56 +79,6 @@ class TrainResult:
     dflash_dir: Path | None = None
 
 
-def lr_lambda(
-    step: int, *, num_steps: int, warmup_fraction: float, min_lr_fraction: float
-) -> float:
-    warmup = int(math.ceil(warmup_fraction * num_steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, num_steps - warmup)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return min_lr_fraction + (1.0 - min_lr_fraction) * cosine
-
-
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    pointer = Path(out_dir) / CHECKPOINTS / LATEST
-    if not pointer.exists():
-        return None
-    path = pointer.parent / pointer.read_text().strip()
-    if not (path / "state.pt").exists():
-        raise FileNotFoundError(f"{pointer} names {path}, which has no state.pt")
-    return path
-
-
-def save_checkpoint(
-    out_dir: Path, step: int, state: dict[str, Any], spec_json: str, config_yaml: str
-) -> Path:
-    """Write checkpoints/step-N/ via a temporary directory, then move `latest`."""
-    import torch
-
-    root = Path(out_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".step-{step:08d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
-    (tmp / "spec.json").write_text(spec_json)
-    (tmp / "config.yaml").write_text(config_yaml)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    write_text_atomic(root / LATEST, final.name)
-    return final
-
-
-def teacher_logits(model, batch) -> torch.Tensor:
-    """(R, Nb, B, V) the target's logits for the token each block slot drafts, rebuilt
-    from the stored post-norm final hidden states through the frozen lm_head."""
-    r, nb, b = batch.teacher_index.shape
-    idx = batch.teacher_index.view(r, nb * b, 1).expand(-1, -1, batch.last_hidden.shape[-1])
-    return model.target_logits(batch.last_hidden.gather(1, idx)).view(r, nb, b, -1)
-
-
 def train(
     config: TrainConfig, *, stop_after: int | None = None, export: bool = True
 ) -> TrainResult:
@@ -116,11 +90,14 @@ def train(
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.num_workers > 1 or config.use_ray:
-        _train_ray(config, stop_after)
+        from pipeline.train.distributed import train_on_ray
+
+        train_on_ray(
+            config, _ray_loop, {"config": config.model_dump(mode="json"), "stop_after": stop_after}
+        )
     else:
-        with torch_threads(config.num_threads):
-            run_worker(config.model_dump(mode="json"), stop_after=stop_after)
-    summary = json.loads((out_dir / "summary.json").read_text())
+        run_worker(config.model_dump(mode="json"), stop_after=stop_after)
+    summary = read_summary(out_dir)
     result = TrainResult(
         out_dir=out_dir,
         steps=summary["steps"],
@@ -131,358 +108,293 @@ def train(
     if export and result.steps >= config.num_steps:
         from pipeline.train.export import export_checkpoint
 
-        paths = export_checkpoint(
-            result.checkpoint,
-            Path(config.export.dir) if config.export.dir else out_dir / "export",
-            dflash_backbone=config.export.dflash_backbone,
-        )
+        if config.export.dflash_backbone is not None:
+            log.warning(
+                "export.dflash_backbone is ignored: a DSpark draft in the fill-in layout is "
+                "exported as its DFlash backbone only; remove the key"
+            )
+        paths = export_checkpoint(result.checkpoint, export_dir(out_dir, config.export.dir))
         result.export_dir = paths.draft
         result.dflash_dir = paths.dflash_backbone
     return result
-
-
-def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(out_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _train_ray(config: TrainConfig, stop_after: int | None) -> None:
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    if not ray.is_initialized():
-        ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False)
-    resources = {"CPU": config.ray.num_cpus_per_worker}
-    if config.use_gpu:
-        resources["GPU"] = 1
-    trainer = TorchTrainer(
-        _ray_loop,
-        train_loop_config={"config": config.model_dump(mode="json"), "stop_after": stop_after},
-        scaling_config=ScalingConfig(
-            num_workers=config.num_workers, use_gpu=config.use_gpu, resources_per_worker=resources
-        ),
-        torch_config=TorchConfig(backend="nccl" if config.use_gpu else "gloo"),
-        run_config=RunConfig(
-            name="dspark-train", storage_path=str((Path(config.out_dir) / "ray").resolve())
-        ),
-    )
-    trainer.fit()
-
-
-def _ray_loop(loop_config: dict[str, Any]) -> None:
-    with torch_threads(loop_config["config"].get("num_threads")):
-        run_worker(loop_config["config"], stop_after=loop_config["stop_after"], distributed=True)
 
 
 def run_worker(
     config_data: dict[str, Any], *, stop_after: int | None = None, distributed: bool = False
 ) -> None:
     """One worker's whole run (rank and world size come from torch.distributed)."""
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoTokenizer
-
-    from pipeline.prefetch import prefetched
-    from pipeline.targets.resolve import resolve_model
-    from pipeline.train.data import DataPosition, TrainingData, iter_batches
-    from pipeline.train.eagle3 import build_draft
-    from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize
-    from pipeline.train.model import load_target_head, resolve_spec
-
     config = TrainConfig.model_validate(config_data)
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    if config.use_gpu:
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if distributed
-            else torch.device("cuda")
+    with torch_threads(config.num_threads):
+        trainer = Trainer(config, distributed=distributed)
+        trainer.resume()
+        trainer.train(stop_after=stop_after)
+
+
+def _ray_loop(loop_config: dict[str, Any]) -> None:
+    """What every Ray Train worker runs."""
+    run_worker(loop_config["config"], stop_after=loop_config["stop_after"], distributed=True)
+
+
+def _mask_token_id(config: TrainConfig, target_dir: Path) -> int:
+    """The token mask slots embed: the config's, else the tokenizer's (kinds without
+    mask slots get 0, an id that is never embedded)."""
+    if config.draft.mask_token_id is not None:
+        return config.draft.mask_token_id
+    if not draft_kind(config.draft.kind).mask_token:
+        return 0
+    from pipeline.train.drafts.common import tokenizer_mask_token_id
+
+    return tokenizer_mask_token_id(target_dir)
+
+
+@dataclass
+class StepOutput:
+    """What forward_backward leaves for the metrics of its step."""
+
+    batch: TrainBatch
+    out: DraftOutput
+    parts: LossParts
+    weight: torch.Tensor  # scalar: this worker's slot weight (its share of the normaliser)
+
+
+class Trainer:
+    """One worker's run; see the module docstring for the steps of `train()`."""
+
+    def __init__(self, config: TrainConfig, *, distributed: bool = False) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from pipeline.targets.resolve import resolve_model
+        from pipeline.train.data import DataPosition, TrainingData
+        from pipeline.train.drafts.common import load_target_head
+        from pipeline.train.optim import build_optimizer, build_scheduler
+
+        self.config, self.distributed = config, distributed
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        self.device = torch.device("cpu")
+        if config.use_gpu:
+            index = torch.cuda.current_device() if distributed else None
+            self.device = torch.device("cuda", index)
+        self.out_dir = Path(config.out_dir)
+        self.metrics = MetricsLog(self.out_dir)
+        target_dir = Path(resolve_model(config.target))
+        target_config = json.loads((target_dir / "config.json").read_text())
+        self.data = TrainingData(config.data)
+        self.data.check(
+            target=config.target,
+            target_config=target_config,
+            aux_layer_ids=config.draft.aux_layer_ids,
         )
-    else:
-        device = torch.device("cpu")
-    out_dir = Path(config.out_dir)
-
-    target_dir = Path(resolve_model(config.target))
-    target_config = json.loads((target_dir / "config.json").read_text())
-    data = TrainingData(config.data)
-    data.check(
-        target=config.target, target_config=target_config, aux_layer_ids=config.draft.aux_layer_ids
-    )
-    mask_id = config.draft.mask_token_id
-    if mask_id is None and config.draft.kind == "eagle3":
-        mask_id = 0  # EAGLE-3 feeds real tokens only; the id is never embedded
-    if mask_id is None:
-        mask_id = AutoTokenizer.from_pretrained(target_dir).mask_token_id
-        if mask_id is None:
-            raise ValueError(
-                f"{target_dir}: the tokenizer has no mask token; set draft.mask_token_id "
-                "to an id whose embedding the draft may use for mask slots"
-            )
-    spec = resolve_spec(target_dir, config.draft, data.provenance.aux_layer_ids, mask_id)
-    embed, head = load_target_head(target_dir)
-    torch.manual_seed(config.seed)
-    model = build_draft(spec, embed, head).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(
-        params,
-        lr=config.optim.lr,
-        betas=(config.optim.beta1, config.optim.beta2),
-        weight_decay=config.optim.weight_decay,
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim,
-        lambda s: lr_lambda(
-            s,
-            num_steps=config.num_steps,
-            warmup_fraction=config.optim.warmup_fraction,
-            min_lr_fraction=config.optim.min_lr_fraction,
-        ),
-    )
-    step, position = 0, DataPosition(0, 0)
-    ckpt = latest_checkpoint(out_dir)
-    if ckpt is not None:
-        state = torch.load(ckpt / "state.pt", map_location=device, weights_only=True)
-        saved_spec = json.loads((ckpt / "spec.json").read_text())
-        if saved_spec != json.loads(spec.to_json()):
-            raise ValueError(
-                f"{ckpt}: checkpoint was trained with another draft spec than this config"
-            )
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step = state["step"]
-        position = DataPosition(**state["position"][rank if config.data.split == "shards" else 0])
-        if rank == 0:
-            log.info("resumed %s", kv(checkpoint=ckpt, step=step, epoch=position.epoch))
-    if rank == 0:
-        _truncate_metrics(out_dir, step)
-
-    net = model
-    if distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model, device_ids=[device.index] if config.use_gpu else None)
-
-    weights = step_weights(spec, config.loss).to(device)
-    ce_w, tv_w, bce_w = config.loss.weights(spec.kind)
-    kl_w = config.loss.kl(spec.kind)
-    batches = prefetched(
-        iter_batches(
-            data,
-            spec,
-            seed=config.seed,
-            global_batch_size=config.global_batch_size,
-            rank=rank,
-            world_size=world,
-            start=position,
-        ),
-        config.data.prefetch,
-    )
-    last = stop_after if stop_after is not None else config.num_steps
-    last = min(last, config.num_steps)
-    progress = None
-    if rank == 0:
-        from tqdm import tqdm
-
-        progress = tqdm(total=config.num_steps, initial=step, desc="train", disable=None)
-    spec_json = spec.to_json()
-    from pipeline.train.config import dump_train_config
-
-    config_yaml = dump_train_config(config)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=config.use_gpu)
-    while step < last:
-        started = time.perf_counter()
-        batch, position = next(batches)
-        batch = batch.to(device)
-        local_w = (weights * batch.valid).sum()
-        global_w = local_w.detach().clone()
+        self.spec = config.draft.resolve(
+            target_config,
+            aux_layer_ids=self.data.provenance.aux_layer_ids,
+            mask_token_id=_mask_token_id(config, target_dir),
+        )
+        kind = draft_kind(self.spec.kind)
+        embed, head = load_target_head(target_dir)
+        torch.manual_seed(config.seed)
+        self.model = kind.build(self.spec, embed, head).to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.optim, num_steps=config.num_steps)
+        self.net = self.model  # what forward runs: the model, or its DDP wrapper
         if distributed:
-            dist.all_reduce(global_w)
-        with autocast:
-            out = net(batch.inputs)
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if config.use_gpu else None
+            self.net = DistributedDataParallel(self.model, device_ids=ids)
+        loss = config.loss
+        self.slot_weights = kind.step_weights(
+            self.spec, gamma=loss.gamma, ttt_step_decay=loss.ttt_step_decay
+        ).to(self.device)  # (B,)
+        self.loss_weights = (*loss.weights(self.spec.kind), loss.kl(self.spec.kind))
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=config.use_gpu)
+        self.step, self.position = 0, DataPosition(0, 0)
+        self.progress = None  # rank 0's progress bar while train() runs
+
+    def resume(self) -> None:
+        """Continue from the run's latest checkpoint, if any (same spec required)."""
+        from pipeline.train.data import DataPosition
+
+        path = latest_checkpoint(self.out_dir)
+        if path is not None:
+            ckpt = load_checkpoint(path)
+            if ckpt.spec != self.spec:
+                raise ValueError(
+                    f"{path}: checkpoint was trained with another draft spec than this config"
+                )
+            state = ckpt.state(map_location=self.device)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.step = state["step"]
+            own = self.rank if self.config.data.split == "shards" else 0
+            self.position = DataPosition(**state["position"][own])
+            if self.rank == 0:
+                log.info(
+                    "resumed %s", kv(checkpoint=path, step=self.step, epoch=self.position.epoch)
+                )
+        if self.rank == 0:
+            self.metrics.truncate(self.step)
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self, *, stop_after: int | None = None) -> None:
+        """Steps until `num_steps` (or `stop_after`), then the held-out evaluation."""
+        from pipeline.prefetch import prefetched
+        from pipeline.train.data import iter_batches
+
+        config = self.config
+        last = min(stop_after if stop_after is not None else config.num_steps, config.num_steps)
+        batches = prefetched(
+            iter_batches(
+                self.data,
+                self.spec,
+                seed=config.seed,
+                global_batch_size=config.global_batch_size,
+                rank=self.rank,
+                world_size=self.world,
+                start=self.position,
+            ),
+            config.data.prefetch,
+        )
+        if self.rank == 0:
+            from tqdm import tqdm
+
+            self.progress = tqdm(
+                total=config.num_steps, initial=self.step, desc="train", disable=None
+            )
+        while self.step < last:
+            started = time.perf_counter()
+            batch, self.position = next(batches)
+            output = self.forward_backward(batch.to(self.device))
+            lr, grad_norm = self.optimizer_step()
+            self.log_step(output, lr=lr, grad_norm=grad_norm, started=started, last=last)
+            if self.step % config.checkpoint_every == 0 or self.step == last:
+                self.checkpoint()
+        if self.progress is not None:
+            self.progress.close()
+        if self.rank == 0:
+            heldout = self.evaluate() if self.step >= config.num_steps else {}
+            write_summary(self.out_dir, steps=self.step, heldout=heldout)
+
+    def forward_backward(self, batch: TrainBatch) -> StepOutput:
+        """The kind's weighted loss of one batch against the target's distributions,
+        normalised by the global slot weight; gradients accumulated."""
+        import torch
+        import torch.distributed as dist
+
+        from pipeline.train.loss import draft_loss
+
+        weight = (self.slot_weights * batch.valid).sum()
+        normalizer = weight.detach().clone()
+        if self.distributed:
+            dist.all_reduce(normalizer)
+        with self.autocast:
+            out = self.net(batch.inputs)
         with torch.no_grad():
-            teacher = teacher_logits(model, batch)
+            teacher = batch.teacher_logits(self.model)
+        ce, tv, bce, kl = self.loss_weights
         parts = draft_loss(
             logits=out.logits,
             target_logits=teacher,
             target_ids=batch.target_ids,
             valid=batch.valid,
-            weights=weights,
+            weights=self.slot_weights,
             confidence_logit=out.confidence_logit,
-            ce_weight=ce_w,
-            tv_weight=tv_w,
-            bce_weight=bce_w,
-            normalizer=global_w,
-            kl_weight=kl_w,
+            ce_weight=ce,
+            tv_weight=tv,
+            bce_weight=bce,
+            normalizer=normalizer,
+            kl_weight=kl,
         )
-        optim.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over workers; each worker holds local_sum/global_w.
-        (parts.total * world).backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.optim.grad_clip)
-        lr = sched.get_last_lr()[0]
-        optim.step()
-        sched.step()
-        step += 1
-        stats = block_stats(
-            logits=out.logits.detach(),
-            target_ids=batch.target_ids,
-            valid=batch.valid,
-            tv=parts.tv,
+        (parts.total * self.world).backward()
+        return StepOutput(batch, out, parts, weight)
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clip, step AdamW and the schedule; (learning rate used, gradient norm)."""
+        import torch
+
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.optim.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return lr, float(grad_norm)
+
+    def log_step(
+        self, output: StepOutput, *, lr: float, grad_norm: float, started: float, last: int
+    ) -> None:
+        """Sum the step's metrics over workers; rank 0 writes its metrics.jsonl row."""
+        import torch.distributed as dist
+
+        batch, spec = output.batch, self.spec
+        sums = step_sums(
+            logits=output.out.logits.detach(),
+            batch=batch,
+            parts=output.parts,
+            weight=output.weight,
             first_offset=spec.first_offset,
         )
-        sums = torch.cat(
-            [
-                torch.stack(
-                    [parts.ce_sum, parts.tv_sum, parts.bce_sum, local_w.detach(), parts.kl_sum]
-                ).float(),
-                torch.tensor(
-                    [batch.num_samples, batch.num_tokens], dtype=torch.float32, device=device
-                ),
-                stats.vector().float(),
-            ]
-        )
-        if distributed:
+        if self.distributed:
             dist.all_reduce(sums)
-        if rank == 0:
-            ce, tv, bce, wsum, kl, samples, tokens = (float(x) for x in sums[:7])
-            wsum = max(wsum, 1e-8)
-            row = {
-                "step": step,
-                "lr": lr,
-                "loss": (ce_w * ce + tv_w * tv + bce_w * bce + kl_w * kl) / wsum,
-                "ce": ce / wsum,
-                "tv": tv / wsum,
-                "bce": bce / wsum,
-                "kl": kl / wsum,
-                "grad_norm": float(grad_norm),
-                "samples": int(samples),
-                "tokens": int(tokens),
-                "epoch": position.epoch,
-                "seconds": time.perf_counter() - started,
-            }
-            row.update(
-                summarize(
-                    stats=BlockStats.from_vector(sums[7:].cpu(), spec.block_size),
-                    first_offset=spec.first_offset,
-                )
-            )
-            with open(out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            if step % config.log_every == 0 or step == last:
-                log.info(
-                    "step %s",
-                    kv(
-                        step=step,
-                        loss=row["loss"],
-                        ce=row["ce"],
-                        tv=row["tv"],
-                        tau_tv=row["tau_tv"],
-                        lr=lr,
-                    ),
-                )
-            progress.update(1)
-            progress.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row['tau_tv']:.2f}")
-        if step % config.checkpoint_every == 0 or step == last:
-            positions = [position.__dict__]
-            if distributed and config.data.split == "shards":
-                gathered: list[Any] = [None] * world
-                dist.all_gather_object(gathered, position.__dict__)
-                positions = gathered
-            if rank == 0:
-                state = {
-                    "model": model.state_dict(),
-                    "optimizer": optim.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "step": step,
-                    "position": positions,
-                }
-                save_checkpoint(out_dir, step, state, spec_json, config_yaml)
-            if distributed:
-                dist.barrier()
-    if progress is not None:
-        progress.close()
-    if rank == 0:
-        heldout = {}
-        if step >= config.num_steps:
-            heldout = evaluate_heldout(model, data, spec, config, device)
-        write_text_atomic(
-            out_dir / "summary.json", json.dumps({"steps": step, "heldout": heldout}, indent=2)
+        if self.rank != 0:
+            return
+        row = step_row(
+            sums,
+            step=self.step,
+            lr=lr,
+            grad_norm=grad_norm,
+            epoch=self.position.epoch,
+            seconds=time.perf_counter() - started,
+            loss_weights=self.loss_weights,
+            block_size=spec.block_size,
+            first_offset=spec.first_offset,
         )
+        self.metrics.append(row)
+        if self.step % self.config.log_every == 0 or self.step == last:
+            keys = ("loss", "ce", "tv", "tau_tv")
+            log.info("step %s", kv(step=self.step, **{k: row[k] for k in keys}, lr=lr))
+        self.progress.update(1)
+        self.progress.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row['tau_tv']:.2f}")
 
+    def checkpoint(self) -> None:
+        """Rank 0 saves model, optimiser, schedule, step and every rank's data position."""
+        import torch.distributed as dist
 
-def evaluate_heldout(
-    model, data, spec, config: TrainConfig, device, limit: int = 64
-) -> dict[str, float]:
-    """Teacher-forced metrics on the held-out split (never trained on)."""
-    import torch
+        positions = [self.position.__dict__]
+        if self.distributed and self.config.data.split == "shards":
+            positions = [None] * self.world
+            dist.all_gather_object(positions, self.position.__dict__)
+        if self.rank == 0:
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "position": positions,
+            }
+            config_yaml = dump_train_config(self.config)
+            save_checkpoint(self.out_dir, self.step, state, self.spec.to_json(), config_yaml)
+        if self.distributed:
+            dist.barrier()
 
-    from pipeline.train.data import heldout_batches
-    from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize
+    def evaluate(self, limit: int = HELDOUT_LIMIT) -> dict[str, float]:
+        """Teacher-forced metrics on the held-out split (never trained on)."""
+        from pipeline.train.data import heldout_batches
 
-    weights = step_weights(spec, config.loss).to(device)
-    total: torch.Tensor | None = None
-    count = 0
-    model.eval()
-    with torch.no_grad():
-        for batch in heldout_batches(data, spec, seed=config.seed, batch_size=8, limit=limit):
-            batch = batch.to(device)
-            out = model(batch.inputs)
-            teacher = teacher_logits(model, batch)
-            parts = draft_loss(
-                logits=out.logits,
-                target_logits=teacher,
-                target_ids=batch.target_ids,
-                valid=batch.valid,
-                weights=weights,
-                confidence_logit=None,
-                ce_weight=1,
-                tv_weight=0,
-                bce_weight=0,
+        batches = heldout_batches(
+            self.data, self.spec, seed=self.config.seed, batch_size=HELDOUT_BATCH, limit=limit
+        )
+        self.model.eval()
+        try:
+            return heldout_metrics(
+                self.model, (b.to(self.device) for b in batches), slot_weights=self.slot_weights
             )
-            vec = block_stats(
-                logits=out.logits,
-                target_ids=batch.target_ids,
-                valid=batch.valid,
-                tv=parts.tv,
-                first_offset=spec.first_offset,
-            ).vector()
-            total = vec if total is None else total + vec
-            count += batch.num_samples
-    model.train()
-    if total is None:
-        return {}
-    out = summarize(
-        stats=BlockStats.from_vector(total.cpu(), spec.block_size), first_offset=spec.first_offset
-    )
-    out["samples"] = count
-    return out
-
-
-def step_weights(spec, loss_config):
-    """(B,) loss weight per block slot: exp(-(k-1)/gamma) (DSpark/DFlash), or
-    EAGLE-3's decay**s over the unrolled steps s (eagle3)."""
-    from pipeline.train.loss import slot_weights, ttt_step_weights
-
-    if spec.kind == "eagle3":
-        return ttt_step_weights(num_steps=spec.block_size, decay=loss_config.ttt_step_decay)
-    return slot_weights(
-        block_size=spec.block_size, first_offset=spec.first_offset, gamma=loss_config.gamma
-    )
-
-
-def _truncate_metrics(out_dir: Path, step: int) -> None:
-    """Drop metric rows past the resumed step (written after the last checkpoint)."""
-    path = out_dir / "metrics.jsonl"
-    if not path.exists():
-        return
-    rows = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line)["step"] <= step
-    ]
-    write_text_atomic(path, "".join(r + "\n" for r in rows))
+        finally:
+            self.model.train()
 
 
 def summary_lines(result: TrainResult) -> list[str]:
@@ -500,7 +412,6 @@ def summary_lines(result: TrainResult) -> list[str]:
             f"held-out ({h['samples']} samples): tau_tv {h['tau_tv']:.2f}, tau_greedy {h['tau_greedy']:.2f}"
         )
     if result.export_dir:
-        lines.append(f"draft (speculators format): {result.export_dir}")
-    if result.dflash_dir:
-        lines.append(f"DFlash backbone (serves on vLLM CPU): {result.dflash_dir}")
+        what = "its DFlash backbone, served by vLLM's CPU build" if result.dflash_dir else "draft"
+        lines.append(f"export ({what}, speculators format): {result.export_dir}")
     return lines

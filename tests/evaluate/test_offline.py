@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-from pipeline.evaluate.drafting import DraftBlocks
+from pipeline.evaluate.drafters.base import DraftBlocks
 from pipeline.evaluate.offline import (
     accepted_lengths,
     evaluate_offline,
+    inexact_reasons,
     position_acceptance,
     walk,
 )
@@ -103,3 +104,13 @@ def test_walk_and_acceptance_bookkeeping_by_hand():
     assert accepted_lengths(drafted=drafted, truth=truth, valid=valid).tolist() == [2, 1, 0]
     rates, counts = position_acceptance(accepted=torch.tensor([2, 1, 0]), valid=valid)
     assert counts == [3, 2, 0] and rates[:2] == [2 / 3, 1 / 2]
+
+
+def test_the_walk_is_exact_only_on_greedy_lossless_data():
+    assert inexact_reasons(generation={"temperature": 0.0, "top_p": 1.0}, codec="bf16") == []
+    sampled = inexact_reasons(generation={"temperature": 0.7}, codec="bf16")
+    assert len(sampled) == 1 and "generation.temperature is 0.7" in sampled[0]
+    (corpus,) = inexact_reasons(generation={"backend": "corpus answers"}, codec="bf16")
+    assert "generation.temperature is unset" in corpus
+    (lossy,) = inexact_reasons(generation={"temperature": 0}, codec="fp8")
+    assert "codec is 'fp8', which is lossy" in lossy

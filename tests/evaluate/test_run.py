@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +15,11 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.evaluate.calibration import Calibration
 from pipeline.evaluate.config import parse_eval_config
-from pipeline.evaluate.drafting import ModelDrafter, load_draft, make_drafter
+from pipeline.evaluate.drafters.dspark import DSparkDrafter
+from pipeline.evaluate.drafters.load import load_draft
+from pipeline.evaluate.drafters.registry import make_drafter
 from pipeline.evaluate.offline import anchor_table, walk
-from pipeline.evaluate.run import demo_report, load_heldout, run_evaluation
+from pipeline.evaluate.run import EvalResult, demo_report, load_heldout, run_evaluation
 from pipeline.evaluate.sampling import HFVerifier, live_decode
 
 pytestmark = pytest.mark.slow
@@ -166,23 +169,22 @@ def test_eagle3_evaluates_offline_live_and_from_its_export(
 
 
 def test_exports_load_as_the_checkpoint_they_came_from(dspark_run, trained_target_dir):
-    """A speculators export (what vLLM serves) drafts exactly like the training checkpoint."""
+    """A speculators export (what vLLM serves) drafts exactly like the training checkpoint:
+    a fill-in DSpark draft exports its DFlash backbone, which drafts like it without heads."""
     ckpt = load_draft(dspark_run, target_dir=trained_target_dir)
-    export = load_draft(dspark_run / "export", target_dir=trained_target_dir)
-    backbone = load_draft(dspark_run / "export-dflash", target_dir=trained_target_dir)
-    assert export.spec == ckpt.spec
+    backbone = load_draft(dspark_run / "export", target_dir=trained_target_dir)
+    assert ckpt.export_dir == dspark_run / "export"
     assert backbone.spec.kind == "dflash" and backbone.spec.markov_rank == 0
+    assert not backbone.spec.sample_from_anchor and backbone.spec.block_size == ckpt.spec.block_size
     config = _config(dspark_run, dspark_run / "unused")
     samples, _ = load_heldout(
         config, {"DSpark": ckpt.train_config}, {"DSpark": ckpt.spec}, trained_target_dir
     )
     sample = samples[0]
     anchors = torch.arange(sample.num_prompt_tokens, len(sample.input_ids) - 1)
-    full = ModelDrafter("c", ckpt.model).draft(sample, anchors)
-    assert torch.equal(ModelDrafter("e", export.model).draft(sample, anchors).tokens, full.tokens)
-    no_heads = ModelDrafter("c", ckpt.model, use_heads=False).draft(sample, anchors)
+    no_heads = DSparkDrafter("c", ckpt.model, use_heads=False).draft(sample, anchors)
     assert torch.equal(
-        ModelDrafter("b", backbone.model).draft(sample, anchors).tokens, no_heads.tokens
+        DSparkDrafter("b", backbone.model).draft(sample, anchors).tokens, no_heads.tokens
     )
     with pytest.raises(FileNotFoundError, match="not a training run"):
         load_draft(dspark_run / "metrics.jsonl", target_dir=trained_target_dir)
@@ -210,3 +212,40 @@ def test_demo_report_prints_the_table_and_plot_paths(dspark_run, eagle3_run, tmp
     for path in result.plots.values():
         assert f": {path}" in text and path.exists()
     assert result.report["drafts"]["EAGLE-3"]["kind"] == "eagle3"
+
+
+def test_lossy_or_sampled_data_is_refused_or_reported_as_teacher_forced(tmp_path):
+    """fp8 shards hold other features than the target computed: the T=0 walk is refused,
+    naming the dataset, the field and the fix, unless the config asks for teacher-forced
+    agreement, which the report and the printed lines then say."""
+    from pipeline.evaluate.report import markdown
+    from pipeline.targets.resolve import resolve_model
+    from pipeline.toy.reference_shards import write_reference_shards
+
+    uri = tmp_path / "fp8"
+    write_reference_shards(
+        uri, target="toy:random", aux_layer_ids=(1,), num_conversations=16, codec="fp8"
+    )
+    target_dir = Path(resolve_model("toy:random"))
+
+    def config(**data):
+        return parse_eval_config(
+            dict(
+                target="toy:random",
+                out_dir=str(tmp_path / "eval"),
+                drafts=[dict(name="d", path="unused")],
+                data=dict(uri=str(uri), heldout_fraction=0.5, **data),
+            )
+        )
+
+    with pytest.raises(ValueError) as err:
+        load_heldout(config(), {}, {}, target_dir)
+    message = str(err.value)
+    assert str(uri) in message and "codec is 'fp8'" in message
+    assert "output.codec: bf16" in message and "data.report_as_teacher_forced: true" in message
+    _, info = load_heldout(config(report_as_teacher_forced=True), {}, {}, target_dir)
+    assert info["t0_measure"] == "teacher-forced agreement" and "fp8" in info["t0_inexact"][0]
+    report = {"target": "toy:random", "data": info, "drafts": {}}
+    assert "teacher-forced agreement, not acceptance" in markdown(report, {})
+    result = EvalResult(tmp_path, report, tmp_path / "r.json", tmp_path / "r.md", {})
+    assert result.lines()[0].startswith("T=0 tau below is teacher-forced agreement")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipeline.train.config import DraftConfig, TrainDataConfig
+from pipeline.train.config import DraftConfig, TrainDataConfig, resolve_spec
 from pipeline.train.data import (
     DataMismatchError,
     DataPosition,
@@ -16,7 +16,6 @@ from pipeline.train.data import (
     iter_batches,
     sample_anchors,
 )
-from pipeline.train.model import resolve_spec
 
 
 @pytest.fixture(scope="module")

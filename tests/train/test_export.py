@@ -16,8 +16,8 @@ import torch
 from draft_specs import train_small_draft
 from safetensors import safe_open
 
+from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.export import export_checkpoint
-from pipeline.train.trainer import latest_checkpoint
 
 from .conftest import SERVE_MAX_TOKENS, toy_prompts
 
@@ -29,16 +29,23 @@ def _train(shards, out_dir, kind: str, num_steps: int, **draft):
 
 @pytest.fixture(scope="module")
 def drafts(toy_shards, tmp_path_factory):
-    """A DFlash draft and a DSpark draft in the fill-in layout, trained and exported."""
+    """A DFlash draft and a DSpark draft in the fill-in layout (trained, exported as DFlash),
+    and a DSpark draft in the anchor layout (2 steps: only its export format matters)."""
     root = tmp_path_factory.mktemp("drafts")
-    dflash = _train(toy_shards, root / "dflash", "dflash", 60)
-    dspark = _train(toy_shards, root / "dspark", "dspark", 60, sample_from_anchor=False)
-    return {"dflash": dflash, "dspark": dspark}
+    return {
+        "dflash": _train(toy_shards, root / "dflash", "dflash", 60),
+        "dspark": _train(toy_shards, root / "dspark", "dspark", 60, sample_from_anchor=False),
+        "anchor": _train(toy_shards, root / "anchor", "dspark", 2),  # sample_from_anchor: true
+    }
 
 
 def _tensor_names(path):
     with safe_open(str(path / "model.safetensors"), framework="pt") as f:
         return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+
+
+def _config(result):
+    return json.loads((result.export_dir / "config.json").read_text())
 
 
 def test_speculators_config_as_vllm_converts_it(drafts, toy_shards):
@@ -47,12 +54,10 @@ def test_speculators_config_as_vllm_converts_it(drafts, toy_shards):
     from pipeline.shards.manifest import Dataset
 
     aux = list(Dataset.open(str(toy_shards)).manifest().provenance.aux_layer_ids)
-    dflash_dir = drafts["dflash"].export_dir
-    config = json.loads((dflash_dir / "config.json").read_text())
+    config = _config(drafts["dflash"])
     assert config["speculators_model_type"] == "dflash"
     assert config["aux_hidden_state_layer_ids"] == aux
     assert config["sliding_window_non_causal"] is True
-    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
     vllm_cfg = SpeculatorsConfig.extract_transformers_pre_trained_config(
         json.loads(json.dumps(config))
     )
@@ -61,16 +66,30 @@ def test_speculators_config_as_vllm_converts_it(drafts, toy_shards):
     assert vllm_cfg["dflash_config"]["causal"] is False
     assert vllm_cfg["dflash_config"]["mask_token_id"] == 3
 
-    dspark_cfg = json.loads((drafts["dspark"].export_dir / "config.json").read_text())
+    dspark_cfg = _config(drafts["anchor"])
     converted = SpeculatorsConfig.extract_transformers_pre_trained_config(dspark_cfg)
     assert converted["architectures"] == ["Qwen3DSparkModel"]
     assert converted["target_layer_ids"] == [k - 1 for k in aux]
     assert converted["markov_rank"] == 32 and converted["enable_confidence_head"] is True
-    assert converted["sample_from_anchor"] is False
+    assert converted["sample_from_anchor"] is True and converted["dspark_bonus_anchor"] is False
+    # speculators 0.9 accepts only the greedy proposal type; vLLM takes the method from the type.
+    for name, method, n in (
+        ("dflash", "dflash", 4),
+        ("dspark", "dflash", 4),
+        ("anchor", "dspark", 5),
+    ):
+        config = _config(drafts[name])
+        proposal = config["speculators_config"]["proposal_methods"][0]
+        assert proposal == {"proposal_type": "greedy", "speculative_tokens": n}, name
+        assert config["speculators_config"]["default_proposal_method"] == "greedy"
+        assert SpeculatorsConfig.extract_vllm_speculative_config(config) == {
+            "method": method,
+            "num_speculative_tokens": n,
+        }
 
 
 def test_tensor_names_are_vllms(drafts):
-    names = _tensor_names(drafts["dspark"].export_dir)
+    names = _tensor_names(drafts["anchor"].export_dir)
     h, v = 128, 1600
     assert names["fc.weight"] == (h, 3 * h)
     assert {"hidden_norm.weight", "norm.weight"} <= set(names)
@@ -88,27 +107,34 @@ def test_tensor_names_are_vllms(drafts):
     assert set(backbone) == set(_tensor_names(drafts["dflash"].export_dir))
 
 
-def test_anchor_layout_dspark_is_not_exported_as_dflash(toy_shards, tmp_path):
-    result = _train(toy_shards, tmp_path, "dspark", 2)  # sample_from_anchor defaults to true
-    assert result.export_dir is not None and result.dflash_dir is None
-    cfg = json.loads((result.export_dir / "config.json").read_text())
-    assert cfg["sample_from_anchor"] is True
-    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
-    with pytest.raises(ValueError, match="off by one"):
-        from pipeline.train.export import export_draft
-        from pipeline.train.model import DraftSpec
+def test_dspark_exports_only_in_the_anchor_layout(drafts, tmp_path):
+    """The anchor layout exports as dspark (never as DFlash: off by one); the fill-in
+    layout exports its DFlash backbone only (vLLM's DSpark speculator assumes the anchor)."""
+    from pipeline.train.drafts.spec import DraftSpec
+    from pipeline.train.export import export_draft
 
-        ckpt = latest_checkpoint(tmp_path)
-        export_draft(
-            state={},
-            spec=DraftSpec.from_json((ckpt / "spec.json").read_text()),
-            out=tmp_path / "x",
-            kind="dflash",
-            verifier="t",
-            target_config={},
-        )
-    again = export_checkpoint(latest_checkpoint(tmp_path), tmp_path / "again")
-    assert _tensor_names(again.draft) == _tensor_names(result.export_dir)
+    anchor, fill_in = drafts["anchor"], drafts["dspark"]
+    assert anchor.export_dir is not None and anchor.dflash_dir is None
+    assert _config(anchor)["sample_from_anchor"] is True
+    assert fill_in.dflash_dir == fill_in.export_dir
+    assert _config(fill_in)["speculators_model_type"] == "dflash"
+    assert _config(fill_in)["dspark_targets"]["trained_kind"] == "dspark"
+    for result, model_type, error in (
+        (anchor, "dflash", "off by one"),
+        (fill_in, "dspark", "needs sample_from_anchor=true"),
+    ):
+        spec = DraftSpec.from_json((latest_checkpoint(result.out_dir) / "spec.json").read_text())
+        with pytest.raises(ValueError, match=error):
+            export_draft(
+                state={},
+                spec=spec,
+                out=tmp_path / "x",
+                model_type=model_type,
+                verifier="t",
+                target_config={},
+            )
+    again = export_checkpoint(latest_checkpoint(anchor.out_dir), tmp_path / "again")
+    assert _tensor_names(again.draft) == _tensor_names(anchor.export_dir)
 
 
 @pytest.mark.slow
@@ -169,9 +195,9 @@ def test_vllm_serves_dspark_on_gpu(drafts, trained_target_dir):
         trained_target_dir,
         prompts,
         max_tokens=48,
-        draft_dir=drafts["dspark"].export_dir,
+        draft_dir=drafts["anchor"].export_dir,  # dspark serves the anchor layout
         method="dspark",
-        num_speculative_tokens=4,
+        num_speculative_tokens=5,
         dtype="bfloat16",
         gpu_memory_utilization=0.3,
     )

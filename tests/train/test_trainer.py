@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.config import parse_train_config
-from pipeline.train.trainer import latest_checkpoint, train
+from pipeline.train.trainer import train
 
 # Two gloo workers vs one process: same samples, same normaliser, only the
 # order of float additions differs (all-reduce of gradients and metric sums).

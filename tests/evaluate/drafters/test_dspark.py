@@ -11,32 +11,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-from draft_specs import random_sample, tiny_spec
+from draft_specs import SMALL, random_sample, tiny_spec
 
-from pipeline.evaluate.drafting import ModelDrafter, drafting_slots
+from pipeline.evaluate.drafters.dspark import DSparkDrafter, drafting_slots
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.model import DraftInputs, DraftModel, DraftSpec
+from pipeline.train.drafts.common import DraftInputs
+from pipeline.train.drafts.dspark import DSparkDraft
+from pipeline.train.drafts.spec import DraftSpec
 
-V, H = 40, 16
+V, H = SMALL["vocab_size"], SMALL["hidden_size"]
 
 
 def _spec(sample_from_anchor: bool) -> DraftSpec:
     return tiny_spec(
-        vocab_size=V,
-        hidden_size=H,
-        target_hidden_size=H,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=24,
-        max_position_embeddings=256,
-        sample_from_anchor=sample_from_anchor,
-        markov_rank=6,
+        **SMALL, max_position_embeddings=256, sample_from_anchor=sample_from_anchor, markov_rank=6
     )
 
 
-def _model(spec: DraftSpec) -> DraftModel:
+def _model(spec: DraftSpec) -> DSparkDraft:
     torch.manual_seed(0)
-    model = DraftModel(spec, torch.randn(V, H), torch.randn(V, H) * 0.3)
+    model = DSparkDraft(spec, torch.randn(V, H), torch.randn(V, H) * 0.3)
     torch.nn.init.normal_(model.markov_head.markov_w1.weight, std=1.0)  # a strong Markov bias
     torch.nn.init.normal_(model.markov_head.markov_w2.weight, std=1.0)
     torch.nn.init.normal_(model.confidence_head.proj.weight, std=1.0)
@@ -47,7 +41,7 @@ def _sample(t: int = 20, prompt: int = 6) -> TrainingSample:
     return random_sample(vocab=V, hidden=H, t=t, prompt=prompt)
 
 
-def _brute_force(model: DraftModel, sample: TrainingSample, a: int):
+def _brute_force(model: DSparkDraft, sample: TrainingSample, a: int):
     spec = model.spec
     b = spec.block_size
     slots = list(range(b))[drafting_slots(spec)]
@@ -80,7 +74,7 @@ def test_all_anchors_at_once_equal_round_by_round(sample_from_anchor):
     model = _model(_spec(sample_from_anchor))
     sample = _sample()
     anchors = torch.arange(6, 19)
-    blocks = ModelDrafter("x", model).draft(sample, anchors)
+    blocks = DSparkDrafter("x", model).draft(sample, anchors)
     seen: set[int] = set()
     assert blocks.tokens.shape == (len(anchors), model.spec.num_draft_tokens)
     for i, a in enumerate(anchors.tolist()):
@@ -95,9 +89,9 @@ def test_backbone_only_ignores_the_heads():
     model = _model(_spec(False))
     sample = _sample()
     anchors = torch.arange(6, 19)
-    with_heads = ModelDrafter("x", model).draft(sample, anchors)
-    backbone = ModelDrafter("x", model, use_heads=False).draft(sample, anchors)
+    with_heads = DSparkDrafter("x", model).draft(sample, anchors)
+    backbone = DSparkDrafter("x", model, use_heads=False).draft(sample, anchors)
     assert backbone.confidence_logit is None
     assert not torch.equal(with_heads.tokens, backbone.tokens)  # the strong Markov bias matters
     torch.nn.init.zeros_(model.markov_head.markov_w2.weight)  # W2 = 0: DSpark == its backbone
-    assert torch.equal(ModelDrafter("x", model).draft(sample, anchors).tokens, backbone.tokens)
+    assert torch.equal(DSparkDrafter("x", model).draft(sample, anchors).tokens, backbone.tokens)

@@ -42,17 +42,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.train.model import (
+from pipeline.train.drafts.common import (
     MLP,
     Attention,
     DraftInputs,
-    DraftModel,
     DraftOutput,
-    DraftSpec,
     RMSNorm,
+    TargetHeadDraft,
     context_mask,
     rope,
 )
+from pipeline.train.drafts.spec import DraftSpec
 
 
 class Eagle3Attention(Attention):
@@ -151,25 +151,20 @@ def root_slots(inputs: DraftInputs) -> torch.Tensor:
     return hit.to(torch.int8).argmax(-1)
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(TargetHeadDraft):
     """EAGLE-3 draft; tensor names are the speculators/vLLM names (`fc`, `layers.0.*`, `norm`)."""
 
     def __init__(self, spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
-        super().__init__()
         if spec.num_layers != 1:
             raise ValueError(f"the EAGLE-3 baseline has one layer, spec has {spec.num_layers}")
-        self.spec = spec
+        super().__init__(spec, embed, lm_head)
         d = spec.hidden_size
         self.fc = nn.Linear(len(spec.aux_layer_ids) * spec.target_hidden_size, d, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(spec)])
         self.norm = RMSNorm(d, spec.rms_norm_eps)
-        self.register_buffer("embed_tokens", embed.detach().clone(), persistent=False)
-        self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
-
-    target_logits = DraftModel.target_logits  # the same frozen lm_head
 
     def forward(self, inputs: DraftInputs) -> DraftOutput:
         """Teacher-forced unroll (training): step s reads `prev_ids[..., s]` = x_{a+s}."""
@@ -231,15 +226,3 @@ class Eagle3Draft(nn.Module):
                 tokens = logits[-1].argmax(-1)
             chosen.append(tokens)
         return torch.stack(normed, 2), torch.stack(logits, 2), torch.stack(chosen, 2)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return dict(self.state_dict())
-
-
-def build_draft(spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
-    """The draft module of `spec.kind` (DSpark/DFlash: model.DraftModel; eagle3: Eagle3Draft)."""
-    if spec.kind == "eagle3":
-        return Eagle3Draft(spec, embed, lm_head)
-    from pipeline.train.model import DraftModel
-
-    return DraftModel(spec, embed, lm_head)

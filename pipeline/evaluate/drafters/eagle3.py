@@ -11,7 +11,7 @@ Offline at T=0 the free-running chain drafts exactly what vLLM would draft
 from the same features; accepting its matching prefix gives the same
 accepted length as teacher forcing would (step s only counts when steps < s
 matched the trajectory, i.e. when the draft's own tokens were the
-trajectory's), which tests/evaluate/test_eagle3_drafting.py checks.
+trajectory's), which tests/evaluate/drafters/test_eagle3.py checks.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.evaluate.drafting import DraftBlocks, LiveProposals
+from pipeline.evaluate.drafters.base import DraftBlocks, LiveProposals
 
 if TYPE_CHECKING:
     import torch
 
     from pipeline.shards.reader import TrainingSample
-    from pipeline.train.eagle3 import Eagle3Draft
-    from pipeline.train.model import DraftInputs
+    from pipeline.train.drafts.common import DraftInputs
+    from pipeline.train.drafts.eagle3 import Eagle3Draft
 
 
 def eagle3_inputs(
@@ -42,7 +42,7 @@ def eagle3_inputs(
     teacher-forced."""
     import torch
 
-    from pipeline.train.model import DraftInputs
+    from pipeline.train.drafts.common import DraftInputs
 
     t, a = ids.shape[0], anchors.shape[0]
     if a and int(anchors.min()) < 1:
@@ -66,7 +66,6 @@ class Eagle3Drafter(LiveProposals):
 
     name: str
     model: Eagle3Draft
-    use_heads: bool = False
     has_confidence: bool = False
 
     @property

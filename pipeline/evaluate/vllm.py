@@ -1,5 +1,10 @@
 """Cross-check the offline tau against vLLM's own acceptance counters at temperature 0.
 
+`check_against_vllm` is the stage's step (the `vllm:` section of the
+evaluation config): vLLM serves the draft's export with the method its
+format names (`speculators_model_type`; a fill-in DSpark draft's export is its
+DFlash backbone, which vLLM's CPU build runs).
+
 vLLM decodes the evaluation prompts with the exported draft as its
 speculative decoder (one fresh engine in a child process, via
 `pipeline.train.vllm_check.decode`; counters read before and after and
@@ -26,7 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.evaluate.drafting import Drafter
+    from pipeline.evaluate.config import VllmCheckConfig
+    from pipeline.evaluate.drafters.base import Drafter
+    from pipeline.evaluate.drafters.load import LoadedDraft
     from pipeline.shards.reader import TrainingSample
 
 
@@ -72,22 +79,6 @@ class VllmComparison:
             "end_effect_bound": round(self.end_effect_bound, 4),
             "seconds": round(self.seconds, 1),
         }
-
-
-def served_draft_dir(export_dir: Path, method: str) -> Path:
-    """The export vLLM serves with `method`: a DSpark draft's dflash backbone is `<export>-dflash`."""
-    import json
-
-    config = json.loads((export_dir / "config.json").read_text())
-    if method == "dflash" and config["speculators_model_type"] == "dspark":
-        backbone = export_dir.with_name(export_dir.name + "-dflash")
-        if not (backbone / "config.json").exists():
-            raise FileNotFoundError(
-                f"{backbone}: no DFlash backbone export of {export_dir} (train with "
-                "sample_from_anchor: false and export.dflash_backbone: true to serve it on CPU)"
-            )
-        return backbone
-    return export_dir
 
 
 def capture_samples(
@@ -190,4 +181,38 @@ def compare_with_vllm(
         tolerance=tolerance,
         end_effect_bound=n * len(samples) / max(rounds.num_rounds, 1),
         seconds=time.perf_counter() - started,
+    )
+
+
+def check_against_vllm(
+    config: VllmCheckConfig, draft: LoadedDraft, prompts: list[list[int]], target_dir: str
+) -> VllmComparison:
+    """Serve `draft`'s export with vLLM (the method its format names, unless `config.method`
+    says) and compare with the offline walk of the same weights on vLLM's trajectories."""
+    import json
+
+    from pipeline.evaluate.drafters.registry import make_drafter
+
+    if draft.export_dir is None:
+        raise ValueError(f"vllm.draft {config.draft!r} has no export directory to serve")
+    served = json.loads((draft.export_dir / "config.json").read_text())["speculators_model_type"]
+    method = config.method or served
+    if method != served:
+        raise ValueError(
+            f"vllm.method {method!r} cannot serve {draft.export_dir}, a {served} export of the "
+            f"{draft.spec.kind} draft {config.draft!r}: leave vllm.method unset"
+        )
+    # A DFlash export of a DSpark draft is its backbone: draft offline without the heads too.
+    drafter = make_drafter(config.draft, draft, use_heads=method != "dflash")
+    return compare_with_vllm(
+        target_dir=target_dir,
+        draft_dir=draft.export_dir,
+        drafter=drafter,
+        prompts=prompts,
+        method=method,
+        max_tokens=config.max_tokens,
+        tolerance=config.tolerance,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+        timeout_s=config.timeout_s,
     )

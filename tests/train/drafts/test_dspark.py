@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.train.model import DraftInputs, DraftModel, block_attention_mask, rope
+from pipeline.train.drafts.common import DraftInputs, block_attention_mask, rope
+from pipeline.train.drafts.dspark import DSparkDraft
 
-from .conftest import tiny_spec
+from ..conftest import tiny_spec
 
 
 def _inputs(spec, seed: int = 0) -> DraftInputs:
@@ -32,11 +33,11 @@ def _inputs(spec, seed: int = 0) -> DraftInputs:
     )
 
 
-def _model(spec, seed: int = 0) -> DraftModel:
+def _model(spec, seed: int = 0) -> DSparkDraft:
     torch.manual_seed(seed)
     embed = torch.randn(spec.vocab_size, spec.hidden_size)
     head = torch.randn(spec.vocab_size, spec.hidden_size)
-    return DraftModel(spec, embed, head)
+    return DSparkDraft(spec, embed, head)
 
 
 def test_block_mask_equals_brute_force():

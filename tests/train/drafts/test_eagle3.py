@@ -12,25 +12,17 @@ import torch
 from draft_specs import train_small_draft
 
 from pipeline.train.config import parse_train_config
-from pipeline.train.eagle3 import Eagle3Draft, ttt_attention_mask
+from pipeline.train.drafts.common import DraftInputs
+from pipeline.train.drafts.eagle3 import Eagle3Draft, ttt_attention_mask
 from pipeline.train.loss import draft_loss, ttt_step_weights
-from pipeline.train.model import DraftInputs
 
-from .conftest import SERVE_MAX_TOKENS, tiny_spec
+from ..conftest import SERVE_MAX_TOKENS, tiny_spec
 
 STEPS = 4
 
 
 def _spec():
-    return tiny_spec(
-        kind="eagle3",
-        num_layers=1,
-        block_size=STEPS,
-        sample_from_anchor=True,
-        markov_rank=0,
-        confidence_head=False,
-        mask_token_id=0,
-    )
+    return tiny_spec(kind="eagle3", block_size=STEPS)
 
 
 def _inputs(spec, seed: int = 0) -> DraftInputs:

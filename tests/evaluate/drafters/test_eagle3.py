@@ -8,31 +8,18 @@ import dataclasses
 
 import pytest
 import torch
-from draft_specs import random_sample, tiny_spec
+from draft_specs import SMALL, random_sample, tiny_spec
 
-from pipeline.evaluate.eagle3_drafting import Eagle3Drafter, eagle3_inputs
+from pipeline.evaluate.drafters.eagle3 import Eagle3Drafter, eagle3_inputs
 from pipeline.evaluate.offline import accepted_lengths, anchor_table
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.eagle3 import Eagle3Draft
+from pipeline.train.drafts.eagle3 import Eagle3Draft
 
-V, H, K = 40, 16, 4
+V, H, K = SMALL["vocab_size"], SMALL["hidden_size"], 4
 
 
 def _model() -> Eagle3Draft:
-    spec = tiny_spec(
-        kind="eagle3",
-        vocab_size=V,
-        hidden_size=H,
-        target_hidden_size=H,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=24,
-        block_size=K,
-        mask_token_id=0,
-        markov_rank=0,
-        confidence_head=False,
-    )
+    spec = tiny_spec(kind="eagle3", **SMALL, block_size=K)
     torch.manual_seed(0)
     model = Eagle3Draft(spec, torch.randn(V, H), torch.randn(V, H))
     with torch.no_grad():  # weights large enough that the chain depends on its inputs

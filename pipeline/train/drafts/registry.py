@@ -1,0 +1,164 @@
+"""The one table of draft kinds: what differs between dspark, dflash and eagle3.
+
+Every place that used to ask `if kind == ...` asks this table instead: the
+training config (defaults and the fields a kind fixes), spec resolution (the
+heads), the trainer (model class, loss weights, slot weights, mask token),
+the export (speculators format per layout); how it drafts is
+pipeline/evaluate/drafters/registry.py, one floor up. A new kind is one entry here, its model module, and its
+drafter.
+
+No torch at import: the training config reads this table, and the CLI must
+start fast. Model classes and weight functions are imported when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipeline.train.drafts.spec import DraftSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Default weights of `ce CE + tv TV + bce BCE + kl KL` (DESIGN.md §6)."""
+
+    ce: float
+    tv: float
+    bce: float
+    kl: float
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    name: str
+    # The nn.Module class, built as cls(spec, embed, lm_head); imported when called.
+    model: Callable[[], type[nn.Module]]
+    # (B,) loss weight of each block slot / unrolled step, from the LossConfig's
+    # gamma (slot decay) and ttt_step_decay; imported when called.
+    step_weights: Callable[..., torch.Tensor]
+    loss: LossWeights
+    # Default of DraftConfig.sample_from_anchor (True: slot k drafts token a+k+1).
+    sample_from_anchor: bool
+    # The speculators format (vLLM method) the draft exports as.
+    export_format: str
+    # Markov logit-bias and confidence heads (DSpark).
+    heads: bool = False
+    # Mask slots embed a mask token (False: every slot reads a real token).
+    mask_token: bool = True
+    # The format a draft of the fill-in layout exports as instead (dspark: its
+    # backbone as dflash; vLLM's DSpark speculator serves only the anchor layout).
+    fill_in_format: str | None = None
+    # DraftConfig defaults of this kind, and the fields it fixes: field -> (value, why).
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)
+    fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+
+    def build(self, spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
+        """The draft module of `spec` with the target's frozen embeddings and lm_head."""
+        return self.model()(spec, embed, lm_head)
+
+    def format_for(self, spec: DraftSpec) -> str:
+        """The speculators format `spec` exports as (its layout decides for dspark)."""
+        if self.fill_in_format and not spec.sample_from_anchor:
+            return self.fill_in_format
+        return self.export_format
+
+
+def _block_model() -> type[nn.Module]:
+    from pipeline.train.drafts.dspark import DSparkDraft
+
+    return DSparkDraft
+
+
+def _eagle3_model() -> type[nn.Module]:
+    from pipeline.train.drafts.eagle3 import Eagle3Draft
+
+    return Eagle3Draft
+
+
+def _slot_weights(spec: DraftSpec, *, gamma: float, ttt_step_decay: float) -> torch.Tensor:
+    from pipeline.train.loss import slot_weights
+
+    return slot_weights(block_size=spec.block_size, first_offset=spec.first_offset, gamma=gamma)
+
+
+def _ttt_weights(spec: DraftSpec, *, gamma: float, ttt_step_decay: float) -> torch.Tensor:
+    from pipeline.train.loss import ttt_step_weights
+
+    return ttt_step_weights(num_steps=spec.block_size, decay=ttt_step_decay)
+
+
+KINDS: dict[str, DraftKind] = {
+    kind.name: kind
+    for kind in (
+        # DFlash backbone + Markov logit-bias head + confidence head (DESIGN.md §6).
+        DraftKind(
+            name="dspark",
+            model=_block_model,
+            step_weights=_slot_weights,
+            loss=LossWeights(ce=0.1, tv=0.9, bce=1.0, kl=0.0),
+            sample_from_anchor=True,
+            export_format="dspark",
+            heads=True,
+            fill_in_format="dflash",
+        ),
+        # The same backbone without the heads, trained with CE only.
+        DraftKind(
+            name="dflash",
+            model=_block_model,
+            step_weights=_slot_weights,
+            loss=LossWeights(ce=1.0, tv=0.0, bce=0.0, kl=0.0),
+            sample_from_anchor=False,
+            export_format="dflash",
+            fixed={
+                "sample_from_anchor": (
+                    False,
+                    "sample_from_anchor=true is the DSpark layout; vLLM's dflash method serves "
+                    "only the fill-in layout: set kind: dspark or sample_from_anchor: false",
+                )
+            },
+        ),
+        # The EAGLE-3 baseline (drafts/eagle3.py): one layer, the training-time
+        # test unrolled block_size steps, forward KL to the target only.
+        DraftKind(
+            name="eagle3",
+            model=_eagle3_model,
+            step_weights=_ttt_weights,
+            loss=LossWeights(ce=0.0, tv=0.0, bce=0.0, kl=1.0),
+            sample_from_anchor=True,
+            export_format="eagle3",
+            mask_token=False,
+            config_defaults={"num_layers": 1, "block_size": 7},
+            fixed={
+                "num_layers": (
+                    1,
+                    "kind: eagle3 is the one-layer EAGLE-3 baseline: set num_layers: 1 "
+                    "(or leave it unset)",
+                ),
+                "sample_from_anchor": (
+                    True,
+                    "kind: eagle3 drafts from the token just sampled (step s predicts token "
+                    "a+s+1): leave sample_from_anchor unset",
+                ),
+            },
+        ),
+    )
+}
+
+
+def draft_kind(name: str) -> DraftKind:
+    """The registry entry of `name`; ValueError naming the known kinds otherwise."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown draft kind {name!r}; known: {sorted(KINDS)}") from None
+
+
+def build_draft(spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
+    """The draft module of `spec.kind` (DSpark/DFlash: DSparkDraft; eagle3: Eagle3Draft)."""
+    return draft_kind(spec.kind).build(spec, embed, lm_head)

@@ -1,0 +1,96 @@
+"""The checkpoint layout: old checkpoints (tests/fixtures/drafts_v0, written before the
+restructure) load with their optimiser state, today's trainer writes the same layout and
+the same weights, and `latest` pointers are found or refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.train.checkpoint import (
+    find_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from pipeline.train.config import OptimConfig, parse_train_config
+from pipeline.train.drafts.registry import build_draft
+from pipeline.train.optim import build_optimizer, build_scheduler
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "drafts_v0"
+KINDS = ["dspark", "dflash", "eagle3"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_old_checkpoints_resume_with_their_optimiser(kind):
+    ckpt = load_checkpoint(FIXTURE / kind)
+    assert ckpt.path == latest_checkpoint(FIXTURE / kind) == find_checkpoint(ckpt.path)
+    assert ckpt.spec.kind == kind and ckpt.target == "toy:random"
+    assert ckpt.export_dir == FIXTURE / kind / "export"
+    state = ckpt.state()
+    assert state["step"] == 2 and state["position"] == [{"epoch": 0, "consumed": 8}]
+    spec = ckpt.spec
+    model = build_draft(spec, torch.zeros(spec.vocab_size, spec.hidden_size), torch.zeros(1, 1))
+    model.load_state_dict(state["model"])  # strict: every tensor name as before
+    optim = OptimConfig(**ckpt.train_config["optim"])
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optim)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler = build_scheduler(optimizer, optim, num_steps=ckpt.train_config["num_steps"])
+    scheduler.load_state_dict(state["scheduler"])
+    assert scheduler.last_epoch == 2
+
+
+@pytest.fixture(scope="module")
+def random_shards(tmp_path_factory):
+    """The fixture's shards again: make.py's recipe on the deterministic toy:random target."""
+    from pipeline.toy.reference_shards import write_reference_shards
+
+    uri = tmp_path_factory.mktemp("random-shards") / "shards"
+    write_reference_shards(
+        uri,
+        target="toy:random",
+        aux_layer_ids=(1,),
+        num_conversations=24,
+        num_units=1,
+        max_new_tokens=24,
+    )
+    return uri
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_todays_trainer_writes_the_old_layout_and_weights(kind, random_shards, tmp_path):
+    from pipeline.train.trainer import train
+
+    old = load_checkpoint(FIXTURE / kind)
+    data = dict(old.train_config)
+    data.update(out_dir=str(tmp_path), data={**data["data"], "uri": str(random_shards)})
+    result = train(parse_train_config(data), export=False)
+    new = load_checkpoint(result.checkpoint)
+    assert new.path.name == old.path.name
+    assert sorted(p.name for p in new.path.iterdir()) == sorted(p.name for p in old.path.iterdir())
+    assert new.spec == old.spec
+    a, b = old.state(), new.state()
+    assert set(a) == set(b) and a["position"] == b["position"] and a["step"] == b["step"]
+    assert {k: v.shape for k, v in a["model"].items()} == {
+        k: v.shape for k, v in b["model"].items()
+    }
+    for name, tensor in a["model"].items():  # same data, same steps: the same weights
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5)
+
+
+def test_latest_pointer_moves_and_a_dangling_one_is_named(tmp_path):
+    assert latest_checkpoint(tmp_path) is None and find_checkpoint(tmp_path) is None
+    spec_json = (FIXTURE / "dflash" / "checkpoints" / "step-00000002" / "spec.json").read_text()
+    config = yaml.safe_dump({"target": "t"})
+    first = save_checkpoint(tmp_path, 1, {"model": {}}, spec_json, config)
+    second = save_checkpoint(tmp_path, 2, {"model": {}}, spec_json, config)
+    assert latest_checkpoint(tmp_path) == second and find_checkpoint(first) == first
+    assert load_checkpoint(tmp_path).target == "t"
+    (tmp_path / "checkpoints" / "latest").write_text("step-00000009\n")
+    with pytest.raises(FileNotFoundError, match="step-00000009, which has no state.pt"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "checkpoints")
