@@ -249,7 +249,7 @@ class _Profiler:
     def _attach(self) -> None:
         import ray
 
-        from pipeline.regenerate.replica import RAY_NAMESPACE
+        from pipeline.regenerate.pool import RAY_NAMESPACE
 
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -345,7 +345,7 @@ def encode_rates(tokens: int = 512, hidden: int = 7168, states: int = 6) -> dict
 
 def run_target(name: str, args, log: list[str]) -> dict:
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.regenerate.replica import init_ray
+    from pipeline.regenerate.pool import init_ray
     from pipeline.toy.target import build_toy_target
 
     build_toy_target(name)
@@ -473,7 +473,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--conversations", type=int, default=1000)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--keep-profile", type=Path, default=None, help="copy the raw py-spy output here")
+    p.add_argument(
+        "--keep-profile", type=Path, default=None, help="copy the raw py-spy output here"
+    )
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
     args = p.parse_args()
     from pipeline.logs import setup_logging

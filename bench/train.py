@@ -48,9 +48,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.shards.reader import ShardReader
-    from pipeline.train.config import load_train_config
+    from pipeline.train.config import load_train_config, resolve_spec
     from pipeline.train.data import TrainingData, iter_batches
-    from pipeline.train.config import resolve_spec
     from pipeline.train.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:

@@ -154,7 +154,7 @@ def run_regenerate(
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
-    from pipeline.regenerate.replica import close_replicas, init_ray, start_replicas
+    from pipeline.regenerate.pool import close_replicas, init_ray, start_replicas
 
     started = time.monotonic()
     run, sink, summary, todo = _start(config)

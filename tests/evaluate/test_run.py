@@ -218,9 +218,9 @@ def test_lossy_or_sampled_data_is_refused_or_reported_as_teacher_forced(tmp_path
     """fp8 shards hold other features than the target computed: the T=0 walk is refused,
     naming the dataset, the field and the fix, unless the config asks for teacher-forced
     agreement, which the report and the printed lines then say."""
+    from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.evaluate.report import markdown
     from pipeline.targets.resolve import resolve_model
-    from pipeline.toy.reference_shards import write_reference_shards
 
     uri = tmp_path / "fp8"
     write_reference_shards(

@@ -21,7 +21,7 @@ MIN_TOKENS = 16
 
 
 def test_vllm_replica_in_ray_matches_transformers_greedy(trained_target_dir, ray_local, tmp_path):
-    from pipeline.regenerate.replica import close_replicas, start_replicas
+    from pipeline.regenerate.pool import close_replicas, start_replicas
 
     tok = AutoTokenizer.from_pretrained(trained_target_dir)
     # Math and code answers are long enough to compare well past 16 tokens.

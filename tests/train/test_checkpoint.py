@@ -45,18 +45,11 @@ def test_old_checkpoints_resume_with_their_optimiser(kind):
 
 @pytest.fixture(scope="module")
 def random_shards(tmp_path_factory):
-    """The fixture's shards again: make.py's recipe on the deterministic toy:random target."""
-    from pipeline.toy.reference_shards import write_reference_shards
+    """The shards the fixture's drafts were trained on (committed beside them)."""
+    import shutil
 
     uri = tmp_path_factory.mktemp("random-shards") / "shards"
-    write_reference_shards(
-        uri,
-        target="toy:random",
-        aux_layer_ids=(1,),
-        num_conversations=24,
-        num_units=1,
-        max_new_tokens=24,
-    )
+    shutil.copytree(FIXTURE / "shards", uri)
     return uri
 
 

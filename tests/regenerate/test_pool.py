@@ -1,5 +1,5 @@
 from pipeline.regenerate.config import ReplicaConfig
-from pipeline.regenerate.replica import placement_group_args
+from pipeline.regenerate.pool import placement_group_args
 
 
 def test_single_device_replica_needs_no_placement_group():
