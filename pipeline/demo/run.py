@@ -66,7 +66,7 @@ def run_demo(
     console.print(answers_table(config, model_dir))
 
     console.rule("[bold]5. train a DSpark draft on the dataset, serve it with vLLM")
-    from pipeline.train.demo import train_demo_draft
+    from pipeline.demo.train import train_demo_draft
 
     trained = train_demo_draft(out_dir, data_uri=config.output.uri)
     console.print_json(data=trained)
