@@ -34,6 +34,10 @@ CONNECTOR_MODULE = "pipeline.targets.capture_connector"
 SPOOL_FORMAT = "dspark-capture-chunk/1"
 SPOOL_SUFFIX = ".safetensors"
 TRANSPORTS = ("spool", "inprocess", "discard")
+METHODS = ("aux_outputs", "extract_hidden_states")
+WORKER_CLASS = "pipeline.targets.capture_worker.CaptureWorker"
+WORKER_SETTINGS_KEY = "dspark_capture"  # VllmConfig.additional_config[...] for the worker
+CAPTURE_ARG = "dspark_capture_key"  # SamplingParams.extra_args[...] of a capturing request
 
 
 @dataclass
@@ -71,34 +75,63 @@ def speculative_config(engine_aux_ids: list[int]) -> dict[str, Any]:
     }
 
 
-def kv_transfer_config(transport: str, capture_dir: str | None = None) -> dict[str, Any]:
-    """`vllm.LLM(kv_transfer_config=...)` for the project's connector.
+@dataclass(frozen=True)
+class SinkSpec:
+    """Where an engine's capture code hands its chunks, and where the owner reads them.
 
-    `spool`: files in `capture_dir` (any process layout); `inprocess`: a registry
-    in this process, valid only when vLLM's worker runs in it
-    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one worker); `discard`: profiling only.
+    `spool`: files in `capture_dir` (any process layout on one node);
+    `inprocess`: a registry in this process, valid only when vLLM's worker
+    runs in it (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one worker); `discard`:
+    profiling only.
     """
-    extra: dict[str, Any] = {"capture_transport": transport}
-    if transport == "spool":
-        if not capture_dir:
-            raise ValueError("the spool transport needs capture_dir")
-        extra["capture_dir"] = capture_dir
-    elif transport == "inprocess":
-        if not capture_dir:
-            raise ValueError("the inprocess transport needs a channel name (capture_dir)")
-        extra["capture_channel"] = capture_dir
-    elif transport != "discard":
-        raise ValueError(f"unknown capture transport {transport!r}; choose one of {TRANSPORTS}")
+
+    transport: str
+    capture_dir: str | None = None  # spool directory, or the inprocess channel name
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"unknown capture transport {self.transport!r}; choose one of {TRANSPORTS}"
+            )
+        if self.transport != "discard" and not self.capture_dir:
+            raise ValueError(f"the {self.transport} transport needs capture_dir (dir or channel)")
+
+    def extra(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"capture_transport": self.transport}
+        if self.transport == "spool":
+            out["capture_dir"] = self.capture_dir
+        elif self.transport == "inprocess":
+            out["capture_channel"] = self.capture_dir
+        return out
+
+
+def kv_transfer_config(transport: str, capture_dir: str | None = None) -> dict[str, Any]:
+    """`vllm.LLM(kv_transfer_config=...)` for the project's connector (`extract_hidden_states`)."""
     return {
         "kv_connector": CONNECTOR_NAME,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": "kv_producer",
-        "kv_connector_extra_config": extra,
+        "kv_connector_extra_config": SinkSpec(transport, capture_dir).extra(),
     }
 
 
-def capture_params(key: str) -> dict[str, Any]:
+def worker_engine_kwargs(sink: SinkSpec, engine_aux_ids: list[int]) -> dict[str, Any]:
+    """`vllm.LLM(...)` arguments of the `aux_outputs` method (the capture worker, no spec decode)."""
+    ids = [int(i) for i in engine_aux_ids]
+    if ids != sorted(set(ids)) or not ids or ids[0] < 0:
+        raise ValueError(f"aux layer ids must be non-negative, sorted and unique: {ids}")
+    settings = {"aux_layer_ids": ids, "transport": sink.transport}
+    settings.update({k: v for k, v in sink.extra().items() if k != "capture_transport"})
+    return {
+        "worker_cls": WORKER_CLASS,
+        "additional_config": {WORKER_SETTINGS_KEY: settings},
+    }
+
+
+def capture_params(key: str, method: str = "extract_hidden_states") -> dict[str, Any]:
     """`SamplingParams.extra_args` that capture one request (prompt and output) under `key`."""
+    if method == "aux_outputs":
+        return {CAPTURE_ARG: str(key)}
     return {"kv_transfer_params": {"capture_key": str(key), "include_output_tokens": True}}
 
 
@@ -160,13 +193,12 @@ def read_spool(directory: str) -> list[CaptureChunk]:
 
 
 class CaptureReader:
-    """The owner's view of one engine's sink (built from the same `kv_transfer_config`)."""
+    """The owner's view of one engine's sink."""
 
-    def __init__(self, kv_config: dict[str, Any]) -> None:
-        extra = kv_config["kv_connector_extra_config"]
-        self.transport = extra["capture_transport"]
-        self.capture_dir = extra.get("capture_dir")
-        self.channel = extra.get("capture_channel")
+    def __init__(self, sink: SinkSpec) -> None:
+        self.transport = sink.transport
+        self.capture_dir = sink.capture_dir if sink.transport == "spool" else None
+        self.channel = sink.capture_dir if sink.transport == "inprocess" else None
 
     def take_chunks(self) -> list[CaptureChunk]:
         if self.transport == "spool":

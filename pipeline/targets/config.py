@@ -29,6 +29,12 @@ class TargetConfig(ConfigModel):
     enforce_eager: bool = False
     # Passed through to `vllm.LLM(...)` verbatim, for settings this schema lacks.
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # How a capture engine takes hidden states out of vLLM (docs/capture.md):
+    # `aux_outputs`: the target's forward returns them (vLLM's aux-hidden-state
+    # interface) to the project's worker, no speculative decoding; or
+    # `extract_hidden_states`: vLLM's speculative method plus the project's KV
+    # connector (one extra scheduled position per request per step).
+    capture_method: Literal["aux_outputs", "extract_hidden_states"] = "aux_outputs"
     # Residual streams to capture, as aux ids (stream after k decoder layers;
     # DESIGN.md §3). None: the DFlash spacing for the target's depth. The final
     # hidden state (after the final norm) is always captured as well.

@@ -91,7 +91,7 @@ class VLLMTarget:
         self.dtype = getattr(torch, config.dtype)
         norm_weight, self.norm_eps = capture.load_final_norm(model_dir, config.revision)
         self.norm_weight = norm_weight.to(self.dtype)
-        for key in ("speculative_config", "kv_transfer_config"):
+        for key in ("speculative_config", "kv_transfer_config", "worker_cls", "additional_config"):
             if key in kwargs:
                 raise ValueError(
                     f"target {config.model}: engine_kwargs.{key} conflicts with capture "
@@ -103,9 +103,6 @@ class VLLMTarget:
                 "(capture with prefix-cache hits is not verified; docs/capture.md)"
             )
         kwargs["enable_prefix_caching"] = False
-        # Aux id L (the last layer's output, before the final norm) gives the
-        # final hidden state once the norm is applied here.
-        kwargs["speculative_config"] = capture.speculative_config([*self.aux_layer_ids, num_layers])
         shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: no disk I/O
         self.spool_dir = tempfile.mkdtemp(prefix="dspark-capture-", dir=shm)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.spool_dir, True)
@@ -116,9 +113,17 @@ class VLLMTarget:
                 "DSPARK_CAPTURE_TRANSPORT=inprocess needs VLLM_ENABLE_V1_MULTIPROCESSING=0 and "
                 "tensor_parallel_size 1 (the worker must run in this process); use 'spool'"
             )
-        self.kv_config = capture.kv_transfer_config(transport, self.spool_dir)
-        kwargs["kv_transfer_config"] = self.kv_config
-        self.reader = capture.CaptureReader(self.kv_config)
+        sink = capture.SinkSpec(transport, self.spool_dir)
+        # Aux id L (the last layer's output, before the final norm) gives the
+        # final hidden state once the norm is applied here.
+        engine_aux_ids = [*self.aux_layer_ids, num_layers]
+        self.capture_method = config.capture_method
+        if config.capture_method == "aux_outputs":
+            kwargs.update(capture.worker_engine_kwargs(sink, engine_aux_ids))
+        else:
+            kwargs["speculative_config"] = capture.speculative_config(engine_aux_ids)
+            kwargs["kv_transfer_config"] = capture.kv_transfer_config(transport, self.spool_dir)
+        self.reader = capture.CaptureReader(sink)
         self.assembler = capture.CaptureAssembler()
         _export_package_path()
 
@@ -164,7 +169,9 @@ class VLLMTarget:
         if request.request_id in self._in_flight:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         sampling = self.sampling_params(
-            request, params, capture_params(request.request_id) if capture else None
+            request,
+            params,
+            capture_params(request.request_id, self.capture_method) if capture else None,
         )
         sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request
         self.llm.llm_engine.add_request(
@@ -201,10 +208,11 @@ class VLLMTarget:
             if not capture:
                 results.append(gen)
                 continue
-            echoed = (out.kv_transfer_params or {}).get("capture_key")
             try:
-                if echoed != gen.request_id:
-                    raise RuntimeError(f"the output echoes capture key {echoed!r}")
+                if self.capture_method == "extract_hidden_states":
+                    echoed = (out.kv_transfer_params or {}).get("capture_key")
+                    if echoed != gen.request_id:
+                        raise RuntimeError(f"the output echoes capture key {echoed!r}")
                 rows = self.assembler.take(gen.request_id)
                 if rows is None:
                     raise RuntimeError("no hidden states were captured")

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from ray.exceptions import GetTimeoutError
 
 from pipeline.corpus.ingest import load_corpus
 from pipeline.regenerate.config import parse_config
@@ -90,26 +91,35 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     assert Dataset.open(config.output.uri).latest_version() == summary.version
 
 
-def _replica_pid(ray, config, index):
+def _replica(ray, config, index):
     from pipeline.regenerate.run import replica_name_prefix
 
-    return ray.get(ray.get_actor(f"{replica_name_prefix(config)}-{index}").ready.remote())["pid"]
+    return ray.get_actor(f"{replica_name_prefix(config)}-{index}")
 
 
-def test_sigkilled_replica_mid_run_every_sample_exactly_once(tmp_path, ray_local):
+def test_sigkilled_replica_with_units_in_flight_every_sample_exactly_once(tmp_path, ray_local):
     config = _config(tmp_path, num_replicas=2, commit_every_units=1)
     outcome = {}
     runner = threading.Thread(
         target=lambda: outcome.update(summary=run_regenerate(config, show_progress=False))
     )
     runner.start()
-    ds = Dataset.open(config.output.uri)
     deadline = time.monotonic() + 600
-    # Kill a replica once the run is under way: the first version is committed.
-    while ds.latest_version() is None and time.monotonic() < deadline and runner.is_alive():
-        time.sleep(0.5)
+    # Kill replica 0 the moment its engine has requests in flight: every unit
+    # it was given is then under way (a replica works on all of them at once).
+    stats = {}
+    while time.monotonic() < deadline and runner.is_alive():
+        try:
+            actor = _replica(ray_local, config, 0)
+            stats = ray_local.get(actor.stats.remote(), timeout=30)
+        except (ValueError, GetTimeoutError):  # not created yet, or still loading its engine
+            stats = {}
+        if stats.get("requests"):
+            break
+        time.sleep(0.05)
     assert runner.is_alive(), "the run finished before a replica could be killed"
-    os.kill(_replica_pid(ray_local, config, 0), signal.SIGKILL)
+    pid = ray_local.get(actor.ready.remote())["pid"]
+    os.kill(pid, signal.SIGKILL)
     runner.join(timeout=900)
     assert not runner.is_alive()
     summary = outcome["summary"]

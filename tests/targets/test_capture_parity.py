@@ -1,7 +1,8 @@
 """Single-pass vLLM capture equals the Hugging Face forward pass (DESIGN.md §3, issue 4).
 
-Real CPU vLLM on the trained toy target, two engine starts in the whole file:
-one capture engine and one plain engine, each answering the same batch of
+Real CPU vLLM on the trained toy target, three engine starts in the whole file:
+a plain engine and a capture engine of each capture method (`aux_outputs`,
+the default, and `extract_hidden_states`), each answering the same batch of
 mixed-length prompts (single- and multi-turn, 40 conversations) in ONE call.
 Every captured layer at every fed position (prompt and generated) is compared
 with transformers over the same token ids; the plain engine checks that
@@ -61,35 +62,44 @@ def cases(tok):
     return out
 
 
-@pytest.fixture(scope="module")
-def engines(trained_target_dir, cases):
-    """Capture engine, then plain engine (one at a time), same batch, greedy."""
-    from pipeline.targets.loader import load_target
-
-    config = TargetConfig(
+def _target_config(trained_target_dir, method="aux_outputs"):
+    return TargetConfig(
         model=str(trained_target_dir),
         dtype="bfloat16",
         max_model_len=MAX_MODEL_LEN,
         gpu_memory_utilization=0.2,
         aux_layer_ids=AUX_IDS,
+        capture_method=method,
         # The capture engine forces prefix caching off; the plain engine matches it.
         engine_kwargs={"enable_prefix_caching": False},
     )
-    params = GenerationConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
-    requests = [request for request, _ in cases]
-    timings = {}
-    target = load_target(config, capture=True)
+
+
+PARAMS = GenerationConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def plain(trained_target_dir, cases):
+    """A plain engine answering the batch in one call (what capture must not change)."""
+    from pipeline.targets.loader import load_target
+
+    target = load_target(_target_config(trained_target_dir))
+    out = target.generate([request for request, _ in cases], PARAMS)
+    target.close()
+    return out
+
+
+@pytest.fixture(scope="module", params=["aux_outputs", "extract_hidden_states"])
+def engines(request, trained_target_dir, cases, plain):
+    """A capture engine of each method answering the same batch in one call, greedy."""
+    from pipeline.targets.loader import load_target
+
+    target = load_target(_target_config(trained_target_dir, request.param), capture=True)
     spool = target.spool_dir
     started = time.monotonic()
-    captured = target.generate_and_capture(requests, params)
-    timings["capture_batch_s"] = time.monotonic() - started
+    captured = target.generate_and_capture([r for r, _ in cases], PARAMS)
+    print("timings", request.param, {"capture_batch_s": time.monotonic() - started})
     target.close()
-    plain_target = load_target(config)
-    started = time.monotonic()
-    plain = plain_target.generate(requests, params)
-    timings["plain_batch_s"] = time.monotonic() - started
-    plain_target.close()
-    print("timings", timings)
     return captured, plain, spool
 
 

@@ -70,12 +70,25 @@ def test_later_step_overwrites_draft_row_and_holes_raise():
 
 
 def test_inprocess_reader_and_engine_args():
-    cfg = capture.kv_transfer_config("inprocess", "chan-1")
+    sink = capture.SinkSpec("inprocess", "chan-1")
     capture.put_inprocess("chan-1", _chunk(1, [("k", 2, 1)]))
     capture.put_inprocess("chan-1", _chunk(0, [("k", 0, 2)]))
-    assert CaptureReader(cfg).collect()["k"][:, 0, 0].tolist() == [0, 1, 2]
-    assert CaptureReader(cfg).collect() == {}
+    assert CaptureReader(sink).collect()["k"][:, 0, 0].tolist() == [0, 1, 2]
+    assert CaptureReader(sink).collect() == {}
+    cfg = capture.kv_transfer_config("inprocess", "chan-1")
     assert cfg["kv_connector_module_path"] == "pipeline.targets.capture_connector"
+    assert cfg["kv_connector_extra_config"] == {
+        "capture_transport": "inprocess",
+        "capture_channel": "chan-1",
+    }
+    worker = capture.worker_engine_kwargs(capture.SinkSpec("spool", "/d"), [1, 4])
+    assert worker["worker_cls"] == "pipeline.targets.capture_worker.CaptureWorker"
+    assert worker["additional_config"]["dspark_capture"] == {
+        "aux_layer_ids": [1, 4],
+        "transport": "spool",
+        "capture_dir": "/d",
+    }
+    assert capture.capture_params("s-1", "aux_outputs") == {"dspark_capture_key": "s-1"}
     spec = capture.speculative_config([2, 5, 8])
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 5, 8]
     with pytest.raises(ValueError, match="sorted"):
