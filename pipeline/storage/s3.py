@@ -1,8 +1,6 @@
 """A dataset root under an S3 prefix (s3fs): one PUT or a multipart upload, conditional puts.
 
-Credentials come from the environment / AWS config as boto would find them;
-they are never stored here, logged, or written into manifests. The endpoint is
-`endpoint_url` or `AWS_ENDPOINT_URL`, for MinIO, Ceph or a loopback test server.
+Credentials and endpoints: see the package docstring (`pipeline/storage/__init__.py`).
 """
 
 from __future__ import annotations

@@ -1,122 +1,25 @@
-"""A deterministic multi-domain chat corpus for the toy target, the demo and the tests.
+"""The six domains of the synthetic corpus, each a generator of (user, assistant) turns.
 
-Six domains shaped like the evaluation domains of speculative-decoding papers
-(math word problems, code, translation, question answering, summarisation,
-open chat). Each domain has its own structure and its own predictability:
-translation and summarisation are nearly deterministic given the prompt,
-chat is loose. A target trained on it therefore answers with domain structure,
-and a draft's acceptance length differs by domain as it does on real models.
-
-Everything derives from the seed: the same spec always yields the same
-conversations, in the same order, byte for byte. The "world" (fictional
-countries, the toy language's lexicon) derives from a fixed world seed, so
-facts stay consistent across corpus seeds and a held-out corpus (another seed)
-asks about the same world.
+Each domain has its own structure and predictability: translation and
+summarisation are nearly deterministic given the prompt, chat is loose.
+`DOMAINS` maps a name to its generator `(rng, num_turns) -> turns`; the first
+user turn states the task, later ones follow up on it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
+from collections.abc import Callable
 
-from pydantic import Field, field_validator
-
-from pipeline.config import ConfigModel
-
-Message = dict[str, str]
-Conversation = dict[str, object]
-
-WORLD_SEED = 20261130
-# Bump when generated text changes: models trained on the corpus key their caches on it.
-CORPUS_VERSION = 1
-
-SYSTEM_PROMPTS = (
-    "You are a helpful assistant.",
-    "You are a concise assistant. Answer clearly.",
-    "You are a patient tutor.",
+from pipeline.corpus.synthetic.world import (
+    ITEMS,
+    NAMES,
+    TOY_ADJS,
+    TOY_NOUNS,
+    TOY_VERBS,
+    Country,
+    world,
 )
-
-# --------------------------------------------------------------------------- the world
-
-
-NAMES = (
-    "Mia Leo Ava Noah Zoe Liam Ivy Omar Emma Ruben Sara Tom Nina Hugo Lena Ali Ines Max Rosa Yuki"
-).split()
-ITEMS = "apples pencils coins books stickers marbles cookies stamps shells cards".split()
-
-
-def _syllable_word(rng: random.Random, min_syl: int = 2, max_syl: int = 3) -> str:
-    onsets = "b d f g k l m n p r s t v z br kr st tr sh".split()
-    vowels = "a e i o u ai ei ou".split()
-    codas = ["", "", "n", "r", "s", "k", "l"]
-    parts = [
-        rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
-        for _ in range(rng.randint(min_syl, max_syl))
-    ]
-    return "".join(parts)
-
-
-@dataclass(frozen=True)
-class Country:
-    name: str
-    capital: str
-    river: str
-    language: str
-    population_millions: int
-    founded: int
-    export: str
-
-
-@dataclass(frozen=True)
-class World:
-    countries: tuple[Country, ...]
-    # English word -> toy-language word, per part of speech.
-    lexicon: dict[str, str] = field(hash=False)
-
-
-TOY_NOUNS = "cat dog bird fish child farmer king river tree house boat apple".split()
-TOY_VERBS = "sees eats finds likes carries follows".split()
-TOY_ADJS = "small big red green old quick happy".split()
-
-
-@lru_cache(maxsize=1)
-def world() -> World:
-    """The fixed fictional world every corpus seed shares."""
-    rng = random.Random(WORLD_SEED)
-    exports = "salt copper wool tea glass timber spices silver".split()
-    used: set[str] = set()
-
-    def fresh(min_syl: int = 2, max_syl: int = 3) -> str:
-        while True:
-            word = _syllable_word(rng, min_syl, max_syl)
-            if word not in used:
-                used.add(word)
-                return word
-
-    countries = tuple(
-        Country(
-            name=fresh().capitalize() + rng.choice(["ia", "land", "ar", "mor"]),
-            capital=fresh().capitalize(),
-            river=fresh().capitalize(),
-            language=fresh(2, 2).capitalize() + "ic",
-            population_millions=rng.randint(2, 90),
-            founded=rng.randint(1200, 1950),
-            export=rng.choice(exports),
-        )
-        for _ in range(16)
-    )
-    lexicon = {w: fresh(1, 2) for w in TOY_NOUNS + TOY_VERBS + TOY_ADJS + ["the"]}
-    return World(countries=countries, lexicon=lexicon)
-
-
-# --------------------------------------------------------------------------- domains
-# Each domain returns a list of (user, assistant) turns; the first user turn
-# states the task, later ones follow up on it.
 
 Turns = list[tuple[str, str]]
 
@@ -490,83 +393,3 @@ DOMAINS: dict[str, Callable[[random.Random, int], Turns]] = {
     "summarization": _summarisation,
     "chat": _chat,
 }
-
-
-# --------------------------------------------------------------------------- corpus
-
-
-class SyntheticCorpusConfig(ConfigModel):
-    """The synthetic corpus as a config section (`corpus.synthetic`) and as a call argument."""
-
-    num_conversations: int = Field(gt=0)
-    seed: int = 0
-    # Share of conversations with more than one assistant turn.
-    multi_turn_fraction: float = Field(0.3, ge=0.0, le=1.0)
-    # Restrict to some domains; empty: all, round-robin so every domain gets its share.
-    domains: tuple[str, ...] = ()
-
-    @field_validator("domains")
-    @classmethod
-    def _known_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = sorted(set(value) - set(DOMAINS))
-        if unknown:
-            raise ValueError(f"unknown domains {unknown}; known: {sorted(DOMAINS)}")
-        return value
-
-
-def conversation_id(messages: list[Message]) -> str:
-    """Content hash of a conversation (stable across runs and machines)."""
-    payload = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()[:24]
-
-
-def generate(spec: SyntheticCorpusConfig) -> Iterator[Conversation]:
-    """Yield conversations `{"id", "domain", "messages"}` in a deterministic order."""
-    domains = list(spec.domains or DOMAINS)
-    for index in range(spec.num_conversations):
-        # One RNG per conversation: conversation i is the same whatever N is.
-        rng = random.Random(f"{spec.seed}:{index}")
-        domain = domains[index % len(domains)]
-        num_turns = rng.randint(2, 3) if rng.random() < spec.multi_turn_fraction else 1
-        messages: list[Message] = []
-        if rng.random() < 0.4:
-            messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
-        for user, assistant in DOMAINS[domain](rng, num_turns):
-            messages.append({"role": "user", "content": user})
-            messages.append({"role": "assistant", "content": assistant})
-        yield {"id": conversation_id(messages), "domain": domain, "messages": messages}
-
-
-def write_corpus(spec: SyntheticCorpusConfig, out_dir: str | Path) -> list[Path]:
-    """Write `corpus.jsonl` and `corpus.parquet` (same rows) into `out_dir`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = list(generate(spec))
-    jsonl = out / "corpus.jsonl"
-    tmp = jsonl.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(jsonl)
-    message = pa.struct([("role", pa.string()), ("content", pa.string())])
-    schema = pa.schema(
-        [("id", pa.string()), ("domain", pa.string()), ("messages", pa.list_(message))]
-    )
-    table = pa.Table.from_pylist(rows, schema=schema).replace_schema_metadata(
-        {
-            "dspark.corpus": json.dumps(
-                {
-                    "generator": "synthetic",
-                    "seed": spec.seed,
-                    "num_conversations": spec.num_conversations,
-                }
-            )
-        }
-    )
-    parquet = out / "corpus.parquet"
-    pq.write_table(table, parquet.with_suffix(".parquet.tmp"), compression="zstd")
-    parquet.with_suffix(".parquet.tmp").replace(parquet)
-    return [jsonl, parquet]
