@@ -102,8 +102,14 @@ class RegenerateConfig(ConfigModel):
     # Publish a version after this many finished units or seconds, and at the end.
     commit_every_units: int = Field(16, gt=0)
     commit_every_seconds: float = Field(300.0, gt=0)
-    # A unit whose replica died is retried on another one up to this many times.
+    # A unit whose replica died, or that hit a transient error, is retried
+    # (preferably on another replica) up to this many times in all.
     max_unit_attempts: int = Field(3, gt=0)
+    # A unit running longer than this, or a replica whose engine completes no
+    # step for this long while it has work, is taken for a hung engine: the
+    # replica is killed (Ray restarts it) and its units go elsewhere.
+    unit_timeout_s: float = Field(7200.0, gt=0)
+    replica_stall_timeout_s: float = Field(600.0, gt=0)
     # A prompt must leave at least this many tokens of context for the answer.
     min_answer_tokens: int = Field(8, gt=0)
 

@@ -65,6 +65,7 @@ class FeedStats:
     peak_capture_bytes: int = 0  # reserved rows + write-back, at its highest
     peak_in_flight: int = 0
     over_bound_admissions: int = 0
+    last_step_at: float = 0.0  # time.monotonic() of the last completed engine step
 
 
 class EngineFeeder:
@@ -115,6 +116,12 @@ class EngineFeeder:
             self._cond.notify()
         return future
 
+    def health(self) -> dict[str, float]:
+        """Requests in the engine and seconds since its last completed step (a stall check)."""
+        in_flight = len(self._owner)
+        since = time.monotonic() - self.stats.last_step_at if self.stats.last_step_at else 0.0
+        return {"in_flight": in_flight, "seconds_since_step": since if in_flight else 0.0}
+
     @property
     def capture_bytes(self) -> int:
         """Captured bytes held now: in-flight reservations + the write-back's rows."""
@@ -156,6 +163,7 @@ class EngineFeeder:
                 started = time.perf_counter()
                 results = self.backend.poll()
                 polled = time.perf_counter()
+                self.stats.last_step_at = time.monotonic()
                 self.stats.steps += 1
                 self.stats.step_seconds += polled - started
                 for result in results:

@@ -69,6 +69,7 @@ class RegenerateReplica:
         wb = self.feeder.writeback
         return {
             **self.feeder.stats.__dict__,
+            **self.feeder.health(),
             "encode_seconds": wb.encode_seconds,
             "encoded_bytes": wb.encoded_bytes,
             "writeback_peak_bytes": wb.peak_nbytes,

@@ -10,10 +10,11 @@ regenerates its units and writes their shards itself; only a shard's small
 new versions (exactly once: a unit's shard name derives from its inputs, and
 a version appears only through a create-only manifest put).
 
-Faults: a replica that dies (OOM, node loss, SIGKILL) is restarted by Ray and
-its unit goes back in the queue, preferring another replica, up to
-`max_unit_attempts`. A driver crash loses only uncommitted units, which the
-next run redoes; their shard files are overwritten under the same names.
+Faults (`scheduler.py`): a replica that dies is restarted by Ray and its
+units go back in the queue, preferring another replica; a hung engine is
+killed and restarted; transient errors are retried with backoff, up to
+`max_unit_attempts`; deterministic ones fail their unit at once. A driver
+crash loses only uncommitted units, which the next run redoes.
 
 `run_local` runs the same plan, feeder, unit jobs and sink in this process
 on one backend, without Ray (the toy reference shards and tests use it).
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
 from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError
 from pipeline.logs import kv
 from pipeline.regenerate.config import PipelineConfig
+from pipeline.regenerate.scheduler import SchedulerLimits, UnitScheduler
 from pipeline.regenerate.summary import Progress, RunSummary
 from pipeline.regenerate.unit import UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
@@ -151,9 +152,6 @@ def run_regenerate(
     `summary_json`: also write the summary there (written even when units
     failed, before the error is raised).
     """
-    import ray
-    from ray.exceptions import RayActorError, RayTaskError
-
     from pipeline.regenerate.pool import close_replicas, init_ray, start_replicas
 
     started = time.monotonic()
@@ -164,7 +162,6 @@ def run_regenerate(
             summary.write_json(summary_json)
         return summary
     spec = UnitSpec.from_config(config, run.provenance)
-    queue = deque((u, 1) for u in todo)
     init_ray(config.ray)
     engines = time.monotonic()
     actors, ready = start_replicas(
@@ -183,46 +180,29 @@ def run_regenerate(
     # Rates count from here: every engine is up.
     progress = Progress(sum(u.num_answers for u in todo), show_progress)
     steady = time.monotonic()
-    per_actor = [info["units_wanted"] for info in ready]
-    in_flight: dict[Any, tuple[WorkUnit, int, int]] = {}  # future -> (unit, attempt, actor index)
-    load: Counter = Counter()
-    failed_on: dict[str, set[int]] = {}
+    regen = config.regenerate
+    scheduler = UnitScheduler(
+        actors,
+        [info["units_wanted"] for info in ready],
+        lambda actor, unit: actor.regenerate.remote(unit, spec),
+        SchedulerLimits(
+            max_unit_attempts=regen.max_unit_attempts,
+            unit_timeout_s=regen.unit_timeout_s,
+            replica_stall_timeout_s=regen.replica_stall_timeout_s,
+        ),
+    )
+
+    def on_done(unit: WorkUnit, result: UnitResult) -> None:
+        sink.on_unit_written(result.shard)
+        summary.add(result)
+        progress.update(unit.num_answers, result)
+
     try:
-        while queue or in_flight:
-            while queue:
-                unit, attempt = queue[0]
-                index = _pick_actor(per_actor, load, failed_on.get(unit.unit_id, set()))
-                if index is None:
-                    break
-                queue.popleft()
-                future = actors[index].regenerate.remote(unit, spec)
-                in_flight[future] = (unit, attempt, index)
-                load[index] += 1
-            ready_refs, _ = ray.wait(list(in_flight), num_returns=1)
-            future = ready_refs[0]
-            unit, attempt, index = in_flight.pop(future)
-            load[index] -= 1
-            try:
-                result: UnitResult = ray.get(future)
-            except (RayActorError, RayTaskError) as err:
-                failed_on.setdefault(unit.unit_id, set()).add(index)
-                if attempt >= config.regenerate.max_unit_attempts:
-                    log.error(
-                        "unit failed for good %s",
-                        kv(unit=unit.unit_id, attempts=attempt, error=type(err).__name__),
-                    )
-                    summary.units_failed.append(unit.unit_id)
-                else:
-                    log.warning(
-                        "unit will be retried %s",
-                        kv(unit=unit.unit_id, attempt=attempt, error=type(err).__name__),
-                    )
-                    summary.retries += 1
-                    queue.append((unit, attempt + 1))
-                continue
-            sink.on_unit_written(result.shard)
-            summary.add(result)
-            progress.update(unit.num_answers, result)
+        report = scheduler.run(todo, on_done)
+        summary.retries = report.retries
+        summary.units_failed = sorted(report.failed)
+        for unit_id, why in sorted(report.failed.items()):
+            log.error("unit failed %s", kv(unit=unit_id, why=why))
         summary.steady_seconds = time.monotonic() - steady
         summary.replica_stats = _replica_stats(actors)
     except BaseException as err:
@@ -237,9 +217,9 @@ def run_regenerate(
         summary.write_json(summary_json)
     if summary.units_failed:
         raise RegenerateError(
-            f"{len(summary.units_failed)} unit(s) failed after {config.regenerate.max_unit_attempts} "
-            f"attempts: {', '.join(summary.units_failed)}; the {summary.units_done} finished units are "
-            f"committed (version {summary.version}); rerun to retry the rest"
+            f"{len(summary.units_failed)} unit(s) failed: {', '.join(summary.units_failed)} "
+            f"(reasons in the log); the {summary.units_done} finished units are committed "
+            f"(version {summary.version}); rerun to retry the rest"
         )
     return summary
 
@@ -260,12 +240,3 @@ def _replica_stats(actors: list[Any]) -> list[dict[str, Any]]:
 def replica_name_prefix(config: PipelineConfig) -> str:
     """Ray actor names of a run's replicas: `<run name>-regenerate-<i>`."""
     return f"{config.name}-regenerate"
-
-
-def _pick_actor(limits: list[int], load: Counter, avoid: set[int]) -> int | None:
-    """The least-loaded actor with room, preferring ones this unit has not failed on."""
-    candidates = [i for i, limit in enumerate(limits) if load[i] < limit]
-    if not candidates:
-        return None
-    fresh = [i for i in candidates if i not in avoid] or candidates
-    return min(fresh, key=lambda i: (load[i], i))
