@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pipeline.logs import kv
-from pipeline.regenerate.unit import UnitJob, UnitResult, UnitSpec
+from pipeline.regenerate.unit import DeferredSample, UnitJob, UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
 from pipeline.regenerate.writeback import ShardWriteback
 from pipeline.targets.base import GenerationRequest, StreamingBackend
@@ -161,7 +161,7 @@ class EngineFeeder:
                 if not self.backend.num_unfinished():
                     continue
                 started = time.perf_counter()
-                results = self.backend.poll()
+                results = self.backend.poll(defer=True)
                 polled = time.perf_counter()
                 self.stats.last_step_at = time.monotonic()
                 self.stats.steps += 1
@@ -225,7 +225,12 @@ class EngineFeeder:
         job, cost = self._owner.pop(result.request_id)
         self._reserved -= cost
         sample, follow_ups = job.on_result(result)
-        if sample is not None:
+        if isinstance(sample, DeferredSample):
+            # Rows held until a worker builds the tensors: what the request reserved.
+            self.writeback.add(
+                job, sample, nbytes=sample.num_tokens * self.backend.capture_bytes_per_token
+            )
+        elif sample is not None:
             self.writeback.add(job, sample)
         for request in follow_ups:
             self._push(job, request, -1)  # a next turn goes ahead of its unit's first turns

@@ -17,8 +17,10 @@ condition on it, are recorded as `earlier_answer_failed`; the unit completes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,13 @@ from pipeline.render import (
     render_prompt,
 )
 from pipeline.shards.schema import Provenance
-from pipeline.targets.base import CapturedGeneration, GenerationRequest, RequestFailure, Result
+from pipeline.targets.base import (
+    CapturedGeneration,
+    GenerationRequest,
+    PendingCapture,
+    RequestFailure,
+    Result,
+)
 from pipeline.targets.config import GenerationConfig
 
 if TYPE_CHECKING:
@@ -78,6 +86,15 @@ class UnitResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class DeferredSample:
+    """A sample whose tensors `build()` makes (may raise RuntimeError: incomplete capture)."""
+
+    sample_id: str
+    num_tokens: int  # T
+    build: Callable[[], Sample]
+
+
 class UnitJob:
     """The conversations of one unit, turn by turn (see the module docstring)."""
 
@@ -92,7 +109,10 @@ class UnitJob:
         }
         self._answers: dict[str, list[str]] = {c.conversation_id: [] for c in unit.conversations}
         self._in_flight: dict[str, tuple[Conversation, int]] = {}  # request id -> (conv, turn)
-        self.locations: dict[str, str] = {}  # sample id -> "file:row answer j", for error records
+        # Per sample id, for error records of rows that fail after this job is done with them.
+        self.locations: dict[str, str] = {}  # "file:row answer j"
+        self.sources: dict[str, str] = {}
+        self.token_counts: dict[str, tuple[int, int]] = {}  # (prompt, generated)
 
     @property
     def done(self) -> bool:
@@ -110,31 +130,45 @@ class UnitJob:
                     out.append(request)
         return out
 
-    def on_result(self, result: Result) -> tuple[Sample | None, list[GenerationRequest]]:
-        """The row a finished request becomes (None if it failed) and the requests that follow."""
+    def on_result(
+        self, result: Result
+    ) -> tuple[Sample | DeferredSample | None, list[GenerationRequest]]:
+        """The row a finished request becomes (None if it failed) and the requests that follow.
+
+        A `PendingCapture` becomes a `DeferredSample`: its tensors are built by
+        whoever runs `build()` (the write-back's workers), not here.
+        """
         conv, turn = self._in_flight.pop(result.request_id)
         where = f"{conv.location} answer {turn}"
         if isinstance(result, RequestFailure):
             self._fail(conv, turn, result.reason, result.detail)
             return None, []
-        if not isinstance(result, CapturedGeneration):
+        if not isinstance(result, CapturedGeneration | PendingCapture):
             raise TypeError(f"{where}: expected a captured generation, got {type(result).__name__}")
-        try:
-            sample = self._sample(conv, result)
-        except ValueError as err:
-            self._fail(conv, turn, "empty_answer" if not result.output_ids else "bad_row", str(err))
+        if not result.output_ids:
+            self._fail(conv, turn, "empty_answer", "the target produced no tokens")
             return None, []
+        if isinstance(result, PendingCapture):
+            sample = DeferredSample(
+                result.request_id,
+                len(result.prompt_ids) + len(result.output_ids),
+                functools.partial(self._build, conv, result),
+            )
+        else:
+            sample = self._sample(conv, result)
+        self.token_counts[result.request_id] = (len(result.prompt_ids), len(result.output_ids))
         res = self.result
         res.num_samples += 1
-        res.num_prompt_tokens += sample.num_prompt_tokens
-        res.num_generated_tokens += sample.num_generated_tokens
+        res.num_prompt_tokens += len(result.prompt_ids)
+        res.num_generated_tokens += len(result.output_ids)
+        later = [t for t in self._turns[conv.conversation_id] if t > turn]
+        if not later:
+            return sample, []
         # The next turn sees this answer as text, as a chat client would send it.
         self._answers[conv.conversation_id].append(
             self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         )
-        turns = self._turns[conv.conversation_id]
-        later = [t for t in turns if t > turn]
-        nxt = self._request(conv, later[0]) if later else None
+        nxt = self._request(conv, later[0])
         return sample, [nxt] if nxt is not None else []
 
     # ------------------------------------------------------------------ internals
@@ -162,6 +196,7 @@ class UnitJob:
         request = GenerationRequest(sample_id(conv.conversation_id, turn), prompt_ids, budget)
         self._in_flight[request.request_id] = (conv, turn)
         self.locations[request.request_id] = f"{conv.location} answer {turn}"
+        self.sources[request.request_id] = conv.source
         return request
 
     def _fail(self, conv: Conversation, turn: int, reason: str, detail: str) -> None:
@@ -177,6 +212,9 @@ class UnitJob:
                     f"answer {turn} of this conversation failed ({reason})",
                 )
             )
+
+    def _build(self, conv: Conversation, pending: PendingCapture) -> Sample:
+        return self._sample(conv, pending.materialize())
 
     def _sample(self, conv: Conversation, cap: CapturedGeneration) -> Sample:
         import torch

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from pipeline.logs import kv
 
 if TYPE_CHECKING:
-    from pipeline.regenerate.unit import UnitJob, UnitResult
+    from pipeline.regenerate.unit import DeferredSample, UnitJob, UnitResult
     from pipeline.shards.writer import Sample
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ class ShardWriteback:
             raise ValueError("num_encode_workers and num_write_workers must be >= 1")
         self._encode = ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
         self._write = ThreadPoolExecutor(num_write_workers, thread_name_prefix="write")
-        # unit id -> (sample id, encoded row or error record, (prompt, generated) tokens)
-        self._rows: dict[str, list[tuple[str, Future, tuple[int, int]]]] = {}
+        # unit id -> (sample id, its encoded row or error record)
+        self._rows: dict[str, list[tuple[str, Future]]] = {}
         self._lock = threading.Lock()
         self.nbytes = 0
         self.peak_nbytes = 0
@@ -62,27 +62,37 @@ class ShardWriteback:
             self.nbytes += delta
             self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
 
-    def add(self, job: UnitJob, sample: Sample) -> None:
-        """Queue one sample of `job`'s unit for encoding."""
-        raw = sample_nbytes(sample)
+    def add(
+        self, job: UnitJob, sample: Sample | DeferredSample, *, nbytes: int | None = None
+    ) -> None:
+        """Queue one sample of `job`'s unit for building (if deferred) and encoding.
+
+        `nbytes`: what a deferred sample holds until built (its captured rows).
+        """
+        raw = sample_nbytes(sample) if nbytes is None else nbytes
         self._account(raw)
         future = self._encode.submit(self._encode_one, job, sample, raw)
-        counts = (sample.num_prompt_tokens, sample.num_generated_tokens)
-        self._rows.setdefault(job.unit.unit_id, []).append((sample.sample_id, future, counts))
+        self._rows.setdefault(job.unit.unit_id, []).append((sample.sample_id, future))
 
-    def _encode_one(self, job: UnitJob, sample: Sample, raw: int):
-        """The encoded row, or the row's error record when the sample does not validate."""
+    def _encode_one(self, job: UnitJob, sample, raw: int):
+        """The encoded row, or the row's error record when it cannot be built or validated."""
         from pipeline.corpus.records import RowError
+        from pipeline.regenerate.unit import DeferredSample
         from pipeline.shards.codecs import get_codec
         from pipeline.shards.writer import encode_sample
 
         started = time.perf_counter()
         prov = job.spec.provenance
+        where = job.locations.get(sample.sample_id, sample.sample_id)
+        source = job.sources.get(sample.sample_id, "")
         try:
+            if isinstance(sample, DeferredSample):
+                sample = sample.build()
             row = encode_sample(sample, prov, get_codec(prov.codec), shard=job.unit.unit_id)
+        except RuntimeError as err:  # the engine left positions of this request unwritten
+            return RowError(source, where, "capture_incomplete", str(err))
         except (TypeError, ValueError) as err:
-            where = job.locations.get(sample.sample_id, sample.sample_id)
-            return RowError(sample.source, where, "invalid_sample", str(err))
+            return RowError(source, where, "invalid_sample", str(err))
         finally:
             self._account(-raw)
         with self._lock:
@@ -106,10 +116,11 @@ class ShardWriteback:
         held = 0
         try:
             encoded = []
-            for sid, future, (prompt_tokens, generated_tokens) in rows:
+            for sid, future in rows:
                 row = future.result()
                 if isinstance(row, RowError):
                     result.errors.append(row)
+                    prompt_tokens, generated_tokens = job.token_counts[sid]
                     result.num_samples -= 1
                     result.num_prompt_tokens -= prompt_tokens
                     result.num_generated_tokens -= generated_tokens

@@ -7,7 +7,7 @@ engine-local counters, so results from many replicas can be merged safely.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -56,6 +56,24 @@ class CapturedGeneration:
 
 
 @dataclass(frozen=True)
+class PendingCapture:
+    """A finished request whose captured tensors are not built yet.
+
+    What a streaming backend returns from `poll(defer=True)`: the tokens are
+    final, and `materialize()` assembles the rows, applies the final norm and
+    returns the `CapturedGeneration` (raising RuntimeError if positions are
+    missing). The caller runs it off the engine's thread (the write-back's
+    workers), so the engine loop only moves references.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    materialize: Callable[[], CapturedGeneration]
+
+
+@dataclass(frozen=True)
 class RequestFailure:
     """A request the backend could not complete (e.g. its capture was incomplete)."""
 
@@ -64,7 +82,7 @@ class RequestFailure:
     detail: str
 
 
-Result = Generation | CapturedGeneration | RequestFailure
+Result = Generation | CapturedGeneration | PendingCapture | RequestFailure
 
 
 class StreamingBackend(Protocol):
@@ -86,8 +104,11 @@ class StreamingBackend(Protocol):
         """Queue a request; with `capture` its hidden states come back with it."""
         ...
 
-    def poll(self) -> list[Result]:
-        """Advance the engine; the requests that finished (any order)."""
+    def poll(self, *, defer: bool = False) -> list[Result]:
+        """Advance the engine; the requests that finished (any order).
+
+        `defer=True` may return `PendingCapture`s instead of built captures.
+        """
         ...
 
     def num_unfinished(self) -> int: ...

@@ -246,30 +246,39 @@ class CaptureAssembler:
     def keys(self) -> list[str]:
         return list(self._pieces)
 
+    def take_parts(self, key: str) -> list[tuple[int, torch.Tensor]]:
+        """The pieces of `key` as they came (no copy); `join_parts` assembles them."""
+        parts = self._pieces.pop(key, [])
+        self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
+        return parts
+
     def take(self, key: str) -> torch.Tensor | None:
         """`(num_positions, num_aux, H)` for positions 0.. of `key` (None if nothing came);
         raises when a position was never written."""
-        import torch
-
-        parts = self._pieces.pop(key, None)
-        if not parts:
-            return None
-        self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
-        end = max(start + rows.shape[0] for start, rows in parts)
-        first = parts[0][1]
-        buf = first.new_empty((end, *first.shape[1:]))
-        written = torch.zeros(end, dtype=torch.bool)
-        for start, rows in parts:
-            buf[start : start + rows.shape[0]] = rows
-            written[start : start + rows.shape[0]] = True
-        if not bool(written.all()):
-            missing = (~written).nonzero().flatten()[:8].tolist()
-            raise RuntimeError(f"capture {key!r}: positions never written: {missing}")
-        return buf
+        return join_parts(key, self.take_parts(key))
 
     def discard(self, key: str) -> None:
         parts = self._pieces.pop(key, [])
         self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
+
+
+def join_parts(key: str, parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
+    """One request's rows from its pieces, in arrival order (last write wins); raises on holes."""
+    import torch
+
+    if not parts:
+        return None
+    end = max(start + rows.shape[0] for start, rows in parts)
+    first = parts[0][1]
+    buf = first.new_empty((end, *first.shape[1:]))
+    written = torch.zeros(end, dtype=torch.bool)
+    for start, rows in parts:
+        buf[start : start + rows.shape[0]] = rows
+        written[start : start + rows.shape[0]] = True
+    if not bool(written.all()):
+        missing = (~written).nonzero().flatten()[:8].tolist()
+        raise RuntimeError(f"capture {key!r}: positions never written: {missing}")
+    return buf
 
 
 def assemble(chunks: list[CaptureChunk]) -> dict[str, torch.Tensor]:

@@ -53,7 +53,7 @@ class HFTarget:
     def num_unfinished(self) -> int:
         return len(self._queue)
 
-    def poll(self) -> list[Result]:
+    def poll(self, *, defer: bool = False) -> list[Result]:
         if not self._queue:
             return []
         request, params, capture = self._queue.popleft()

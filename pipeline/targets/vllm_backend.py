@@ -13,6 +13,7 @@ capture happen in one pass (docs/capture.md); such an engine also serves plain
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ from pipeline.targets.base import (
     CapturedGeneration,
     Generation,
     GenerationRequest,
+    PendingCapture,
     RequestFailure,
     Result,
     request_seed,
@@ -182,7 +184,7 @@ class VLLMTarget:
     def num_unfinished(self) -> int:
         return len(self._in_flight)
 
-    def poll(self) -> list[Result]:
+    def poll(self, *, defer: bool = False) -> list[Result]:
         """One engine step; the requests that finished in it, with their hidden states.
 
         Every row of a finished request is in the capture sink before its output
@@ -213,10 +215,21 @@ class VLLMTarget:
                     echoed = (out.kv_transfer_params or {}).get("capture_key")
                     if echoed != gen.request_id:
                         raise RuntimeError(f"the output echoes capture key {echoed!r}")
-                rows = self.assembler.take(gen.request_id)
-                if rows is None:
+                parts = self.assembler.take_parts(gen.request_id)
+                if not parts:
                     raise RuntimeError("no hidden states were captured")
-                results.append(self._to_captured(gen, rows))
+                if defer:
+                    results.append(
+                        PendingCapture(
+                            gen.request_id,
+                            gen.prompt_ids,
+                            gen.output_ids,
+                            gen.finish_reason,
+                            functools.partial(self._to_captured, gen, parts),
+                        )
+                    )
+                else:
+                    results.append(self._to_captured(gen, parts))
             except RuntimeError as err:
                 self.assembler.discard(gen.request_id)
                 results.append(RequestFailure(gen.request_id, "capture_incomplete", str(err)))
@@ -242,12 +255,13 @@ class VLLMTarget:
             )
         return run_all(self, requests, params, capture=True)
 
-    def _to_captured(self, gen: Generation, captured) -> CapturedGeneration:
-        """(positions, k+1, H) engine rows -> the contract's (T, k*H) and (T, H) tensors."""
+    def _to_captured(self, gen: Generation, parts) -> CapturedGeneration:
+        """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe)."""
         import torch
 
-        from pipeline.targets.capture import rms_norm
+        from pipeline.targets.capture import join_parts, rms_norm
 
+        captured = join_parts(gen.request_id, parts)  # (positions, k+1, H)
         num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
         fed = num_tokens - 1
         if captured.shape[0] < fed:
