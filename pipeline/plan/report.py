@@ -123,7 +123,7 @@ def _rows(report: PlanReport) -> list[tuple[str, str, str]]:
             (
                 "hidden states produced",
                 f"{human_bytes(p.raw_hidden_bytes_per_s)}/s",
-                "raw bf16, through the tray of bundle 0 (rank 0's spool)",
+                "raw bf16, all through one node (rank 0's capture spool)",
             )
         )
         rows.append(
