@@ -33,6 +33,10 @@ class PlacementConfig(ConfigModel):
     # `{domain_label: domains[i]}`, so a replica never straddles two racks.
     domain_label: str = "nvlink_domain"
     domains: list[str] = Field(default_factory=list)
+    # Seconds to wait for every replica's placement group before the run stops
+    # with PlacementTimeout (a rack that is full or missing never spills into
+    # another). Leave room for an autoscaler to bring up a rack's nodes.
+    timeout_s: float = Field(1800.0, gt=0)
 
 
 class ReplicaConfig(ConfigModel):

@@ -23,3 +23,39 @@ def test_rack_replica_pins_every_bundle_to_its_own_domain():
     assert first["bundle_label_selector"][0] == {"gpu": "gb300", "nvlink_domain": "rack-a"}
     assert {s["nvlink_domain"] for s in second["bundle_label_selector"]} == {"rack-b"}
     assert first["name"] != second["name"]
+
+
+def test_placement_group_names_differ_between_runs_and_replicas():
+    from pipeline.regenerate.pool import placement_group_name
+
+    names = {placement_group_name("toy-regenerate", i, job) for i in (0, 1) for job in ("01", "02")}
+    assert len(names) == 4
+    assert placement_group_name(None, 0, "03000000") == "dspark-replica-0-pg-03000000"
+
+
+def _rack(**replica_keys) -> ReplicaConfig:
+    return ReplicaConfig.model_validate(
+        {"placement": {"num_bundles": 72, "bundle": {"GPU": 1, "CPU": 8}}, **replica_keys}
+    )
+
+
+def test_replica_actor_must_fit_in_bundle_zero():
+    import pytest
+
+    from pipeline.regenerate.pool import check_placement
+    from pipeline.targets.config import TargetConfig
+
+    target = TargetConfig(model="toy:random", tensor_parallel_size=72)
+    check_placement(target, _rack(num_cpus=8))
+    with pytest.raises(ValueError, match="replicas.num_cpus is 16 but a bundle has CPU 8"):
+        check_placement(target, _rack(num_cpus=16))
+
+
+def test_tensor_parallel_needs_a_gpu_bundle_per_worker():
+    import pytest
+
+    from pipeline.regenerate.pool import check_placement
+    from pipeline.targets.config import TargetConfig
+
+    with pytest.raises(ValueError, match="tensor_parallel_size is 144 but .* 72 GPU bundles"):
+        check_placement(TargetConfig(model="toy:random", tensor_parallel_size=144), _rack())

@@ -1,4 +1,4 @@
-"""What a config will ask of the cluster, in words (for `dspark-targets plan`)."""
+"""What a config will ask of the cluster, in words (the first part of `dspark-targets plan`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def describe_resources(config: PipelineConfig) -> str:
             f"replicas: {rep.num_replicas} x placement group of {p.num_bundles} bundles "
             f"({per}) {p.strategy}{sel}"
         )
+        if p.domains:
+            lines.append(
+                f"placement: replica i on nodes labelled {p.domain_label}=<domains[i]> "
+                f"({', '.join(p.domains)}); waits up to {p.timeout_s:g} s, never spills"
+            )
         gpus = rep.num_replicas * p.num_bundles * p.bundle.get("GPU", 0.0)
     else:
         lines.append(f"replicas: {rep.num_replicas} x (CPU={rep.num_cpus:g}, GPU={rep.num_gpus:g})")

@@ -1,0 +1,240 @@
+"""`dspark-targets plan`: gather the planner's inputs, run the arithmetic, show it.
+
+Inputs, later ones overriding earlier ones: what the config itself says (the
+codec, captured layers, units, commits, replicas); the corpus and target read
+from the config when that needs no network (synthetic or local corpus, a toy or
+local target); a planner-inputs file (`--inputs`); inline specs
+(`--corpus-stats`, `--target-stats`, `--assume`) and `--replicas`,
+`--replica-tok-s`. Measured figures come from bench/results.json
+(`figures.py`). A section whose inputs are missing is left out, naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.plan import figures
+from pipeline.plan.capacity import (
+    VLLM_MAX_NUM_SEQS_CPU,
+    VLLM_MAX_NUM_SEQS_GPU,
+    CapacityPlan,
+    RunShape,
+    plan_capacity,
+)
+from pipeline.plan.inputs import (
+    Assumptions,
+    CorpusStats,
+    TargetStats,
+    build,
+    load_inputs,
+    parse_spec,
+)
+from pipeline.regenerate.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
+
+
+@dataclass
+class PlanReport:
+    config_source: str
+    corpus: CorpusStats | None = None
+    target: TargetStats | None = None
+    assume: Assumptions = field(default_factory=Assumptions)
+    shape: RunShape | None = None
+    capacity: CapacityPlan | None = None
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config_source,
+            "corpus": self.corpus.model_dump() if self.corpus else None,
+            "target": self.target.model_dump() if self.target else None,
+            "assume": self.assume.model_dump(),
+            "run": None if self.shape is None else self.shape.__dict__,
+            "capacity": self.capacity.to_dict() if self.capacity else None,
+            "missing": self.missing,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def to_text(self) -> str:
+        from pipeline.plan.report import capacity_table
+
+        return capacity_table(self)
+
+
+def make_plan(
+    config: PipelineConfig,
+    config_source: str,
+    *,
+    inputs_path: str | Path | None = None,
+    corpus_spec: str | None = None,
+    target_spec: str | None = None,
+    assume_spec: str | None = None,
+    num_replicas: int | None = None,
+    replica_tok_s: float | None = None,
+    bench_results: str | Path | None = None,
+) -> PlanReport:
+    """The capacity plan of `config` with whatever inputs are given or can be read."""
+    from pipeline.plan.corpus_stats import corpus_is_local, measure_corpus, measure_target
+
+    inputs = load_inputs(inputs_path)
+    where = str(inputs_path) if inputs_path else "command line"
+    report = PlanReport(config_source)
+
+    given = {**inputs.corpus, **parse_spec(corpus_spec, "--corpus-stats")}
+    report.corpus = _section(
+        CorpusStats,
+        given,
+        where,
+        measure=(lambda: measure_corpus(config)) if corpus_is_local(config) else None,
+        missing_hint="corpus stats (--corpus-stats num_conversations=..,num_samples=..,"
+        "prompt_tokens=..,answer_tokens=..): the corpus is not local",
+        report=report,
+    )
+    given = {**inputs.target, **parse_spec(target_spec, "--target-stats")}
+    report.target = _section(
+        TargetStats,
+        given,
+        where,
+        measure=(lambda: measure_target(config)) if _target_is_local(config) else None,
+        missing_hint="target stats (--target-stats hidden_size=..,num_layers=..,params=..,"
+        "vocab_size=..): the target's files are not on this machine",
+        report=report,
+    )
+    assume_data = {**inputs.assume, **parse_spec(assume_spec, "--assume")}
+    if replica_tok_s is not None:
+        assume_data["replica_tok_s"] = replica_tok_s
+    report.assume = build(Assumptions, assume_data, f"{where}: assume")
+    if report.corpus is None or report.target is None:
+        return report
+
+    results = figures.load_results(bench_results)
+    shape = run_shape(
+        config, report.corpus, report.target, report.assume, num_replicas or inputs.num_replicas
+    )
+    report.shape = shape
+    toy = config.target.model.startswith("toy:")
+    ratio = report.assume.codec_ratio
+    encode = report.assume.encode_mbps_per_core
+    tok_s = report.assume.replica_tok_s
+    report.capacity = plan_capacity(
+        report.corpus,
+        report.target,
+        shape,
+        report.assume,
+        codec_ratio=figures.Figure(ratio, "given")
+        if ratio
+        else figures.codec_ratio(shape.codec, toy, results),
+        encode_mbps=figures.Figure(encode, "given")
+        if encode
+        else figures.encode_mbps_per_core(shape.codec, results),
+        replica_tok_s=figures.Figure(tok_s, "given")
+        if tok_s
+        else figures.replica_tok_s(config.target.model, config.target.backend, results),
+    )
+    if report.capacity.replica_tok_s is None:
+        report.missing.append(
+            "replica throughput (--replica-tok-s: generated tok/s of one replica, capturing); "
+            "no measured figure for this setup, so no data rates or time"
+        )
+    return report
+
+
+def run_shape(
+    config: PipelineConfig,
+    corpus: CorpusStats,
+    target: TargetStats,
+    assume: Assumptions,
+    num_replicas: int | None,
+) -> RunShape:
+    """What the regeneration config fixes for the plan."""
+    from pipeline.regenerate.units import num_buckets_for
+    from pipeline.targets.resolve import default_aux_layer_ids
+
+    rep, regen = config.replicas, config.regenerate
+    aux = config.target.aux_layer_ids or default_aux_layer_ids(target.num_layers)
+    if rep.placement is not None:
+        gpus = rep.placement.num_bundles * rep.placement.bundle.get("GPU", 0.0)
+    else:
+        gpus = rep.num_gpus
+    concurrency = VLLM_MAX_NUM_SEQS_GPU if gpus else VLLM_MAX_NUM_SEQS_CPU
+    requests = regen.requests_in_flight(concurrency)
+    return RunShape(
+        num_aux_layers=len(aux),
+        codec=config.output.codec,
+        num_units=regen.num_buckets
+        or num_buckets_for(corpus.num_conversations, regen.conversations_per_unit),
+        commit_every_units=regen.commit_every_units,
+        commit_every_seconds=regen.commit_every_seconds,
+        num_replicas=num_replicas or rep.num_replicas,
+        gpus_per_replica=gpus,
+        weight_bytes_per_param=assume.weight_bytes_per_param
+        or DTYPE_BYTES.get(config.target.dtype, 2.0),
+        max_capture_bytes=regen.max_capture_memory_mb << 20,
+        max_new_tokens=config.generation.max_new_tokens,
+        max_model_len=config.target.max_model_len,
+        requests_in_flight=requests,
+        units_in_flight=regen.units_in_flight(requests),
+        num_encode_workers=regen.num_encode_workers,
+    )
+
+
+def _section(model, given, where, *, measure, missing_hint, report):
+    """`given` over what `measure` reads (only if `given` is incomplete), validated."""
+    required = [name for name, f in model.model_fields.items() if f.is_required()]
+    data = dict(given)
+    if not all(k in data for k in required):
+        if measure is None:
+            report.missing.append(missing_hint)
+            return None
+        measured = measure()
+        data = {**measured.model_dump(), **data}
+        if given:
+            data["source"] = f"{measured.source}; given: {', '.join(sorted(given))}"
+    return build(model, data, f"{where}: {model.__name__}")
+
+
+def _target_is_local(config: PipelineConfig) -> bool:
+    model = config.target.model
+    return model.startswith("toy:") or Path(model).is_dir()
+
+
+def compare_with_dataset(
+    report: PlanReport, uri: str, *, endpoint_url: str | None = None
+) -> dict[str, Any]:
+    """Predicted against committed: samples, tokens, bytes, shards, versions, objects."""
+    from pipeline.shards.manifest import Dataset
+
+    if report.capacity is None:
+        raise ValueError("nothing to compare: the plan lacks " + "; ".join(report.missing))
+    dataset = Dataset.open(uri, endpoint_url=endpoint_url)
+    if dataset.latest_version() is None:
+        raise ValueError(f"{dataset.uri}: no committed version to compare with")
+    manifest = dataset.manifest()
+    # Hidden files are the local store's lock files, not objects of the dataset.
+    objects = [o for o in dataset.storage.list("") if not Path(o.key).name.startswith(".")]
+    cap = report.capacity
+    pairs = {
+        "samples": (cap.num_samples, manifest.num_rows),
+        "tokens": (cap.num_tokens, manifest.num_tokens),
+        "stored_bytes": (cap.stored_bytes, manifest.num_bytes),
+        "shards": (cap.num_shards, len(manifest.shards)),
+        "versions": (cap.num_versions, len(dataset.versions())),
+        "objects": (cap.num_objects, len(objects)),
+    }
+    return {
+        "uri": dataset.uri,
+        "version": manifest.version,
+        "figures": {
+            name: {"predicted": p, "measured": m, "ratio": p / m if m else None}
+            for name, (p, m) in pairs.items()
+        },
+    }
