@@ -99,6 +99,10 @@ class RegenerateConfig(ConfigModel):
     # flight, reserved at prompt + answer budget; samples waiting to be encoded;
     # encoded rows of units not yet written). Admission waits below this bound.
     max_capture_memory_mb: int = Field(4096, gt=0)
+    # Local directory for encoded rows of unfinished units once half the bound
+    # above is used (a unit's shard is written when its last sample lands);
+    # None: the system's temp dir.
+    spill_dir: str | None = None
     # Threads per replica that encode samples (codec) and write shards; the
     # codecs release the GIL (docs/capture.md: encode MB/s per core).
     num_encode_workers: int = Field(2, gt=0)

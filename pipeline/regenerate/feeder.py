@@ -16,8 +16,9 @@ last sample lands), up to `max_requests_in_flight` (a little above the
 engine's own `max_num_seqs`, so the engine never waits for the next request)
 and as long as captured memory stays under `max_capture_bytes`: every
 request reserves `(prompt + answer budget) x bytes per token` for its rows
-until it finishes, and the write-back's queued and encoded rows count until
-their shard is written. If nothing is in flight, one request is admitted even
+until it finishes, and the write-back's queued and in-memory encoded rows
+count until their shard is written (past half the bound, encoded rows of
+unfinished units go to local spill files instead). If nothing is in flight, one request is admitted even
 over the bound, so a bound smaller than one unit cannot deadlock (a warning
 says the bound is too small).
 """
@@ -48,6 +49,10 @@ class FeedLimits:
     max_capture_bytes: int
     num_encode_workers: int = 2
     num_write_workers: int = 1
+    # Encoded rows of unfinished units go to local spill files past this many
+    # bytes in memory (None: never); where (None: the system's temp dir).
+    spill_above_bytes: int | None = None
+    spill_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_requests_in_flight < 1 or self.max_capture_bytes < 1:
@@ -86,6 +91,8 @@ class EngineFeeder:
         self.writeback = ShardWriteback(
             num_encode_workers=limits.num_encode_workers,
             num_write_workers=limits.num_write_workers,
+            spill_above_bytes=limits.spill_above_bytes,
+            spill_dir=limits.spill_dir,
         )
         self.stats = FeedStats()
         self._cond = threading.Condition()

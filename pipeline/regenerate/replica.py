@@ -72,6 +72,7 @@ class RegenerateReplica:
             **self.feeder.health(),
             "encode_seconds": wb.encode_seconds,
             "encoded_bytes": wb.encoded_bytes,
+            "spilled_bytes": wb.spilled_bytes,
             "writeback_peak_bytes": wb.peak_nbytes,
             "max_capture_bytes": self.limits.max_capture_bytes,
         }
@@ -89,6 +90,9 @@ def feed_limits(regenerate: RegenerateConfig, backend: StreamingBackend) -> Feed
         max_capture_bytes=regenerate.max_capture_memory_mb << 20,
         num_encode_workers=regenerate.num_encode_workers,
         num_write_workers=regenerate.num_write_workers,
+        # Half the bound for encoded rows in memory; the rest of a unit waits on disk.
+        spill_above_bytes=(regenerate.max_capture_memory_mb << 20) // 2,
+        spill_dir=regenerate.spill_dir,
     )
 
 

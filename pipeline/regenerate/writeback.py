@@ -26,12 +26,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from pipeline.logs import kv
+from pipeline.regenerate.spill import SpillFile
 
 if TYPE_CHECKING:
     from pipeline.regenerate.unit import DeferredSample, UnitJob, UnitResult
     from pipeline.shards.writer import Sample
 
 log = logging.getLogger(__name__)
+
+
+class _Spilled:
+    """Stands for an encoded row that went to its unit's spill file."""
+
+    def __init__(self, sample_id: str) -> None:
+        self.sample_id = sample_id
 
 
 def sample_nbytes(sample: Sample) -> int:
@@ -44,9 +52,22 @@ def sample_nbytes(sample: Sample) -> int:
 class ShardWriteback:
     """Background encoding and shard writing for the units of one replica."""
 
-    def __init__(self, *, num_encode_workers: int = 2, num_write_workers: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        num_encode_workers: int = 2,
+        num_write_workers: int = 1,
+        spill_above_bytes: int | None = None,
+        spill_dir: str | None = None,
+    ) -> None:
         if num_encode_workers < 1 or num_write_workers < 1:
             raise ValueError("num_encode_workers and num_write_workers must be >= 1")
+        # Past this many encoded bytes in memory, new rows of unfinished units go
+        # to their unit's spill file on local disk (spill.py); None: never.
+        self.spill_above_bytes = spill_above_bytes
+        self.spill_dir = spill_dir
+        self._spills: dict[str, SpillFile] = {}
+        self.spilled_bytes = 0
         self._encode = ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
         self._write = ThreadPoolExecutor(num_write_workers, thread_name_prefix="write")
         # unit id -> (sample id, its encoded row or error record)
@@ -98,6 +119,17 @@ class ShardWriteback:
         with self._lock:
             self.encode_seconds += time.perf_counter() - started
             self.encoded_bytes += raw
+            spill = self.spill_above_bytes is not None and self.nbytes > self.spill_above_bytes
+            if spill:
+                unit_id = job.unit.unit_id
+                if unit_id not in self._spills:
+                    self._spills[unit_id] = SpillFile(self.spill_dir, unit_id)
+                target = self._spills[unit_id]
+        if spill:
+            target.append(row)
+            with self._lock:
+                self.spilled_bytes += row.nbytes
+            return _Spilled(row.sample_id)
         self._account(row.nbytes)
         return row
 
@@ -114,10 +146,16 @@ class ShardWriteback:
 
         spec, result = job.spec, job.result
         held = 0
+        spill = None
         try:
             encoded = []
-            for sid, future in rows:
-                row = future.result()
+            resolved = [(sid, future.result()) for sid, future in rows]
+            with self._lock:  # every row of the unit is encoded (or spilled) by now
+                spill = self._spills.pop(job.unit.unit_id, None)
+            for sid, row in resolved:
+                if isinstance(row, _Spilled):
+                    encoded.append((sid, row))
+                    continue
                 if isinstance(row, RowError):
                     result.errors.append(row)
                     prompt_tokens, generated_tokens = job.token_counts[sid]
@@ -132,8 +170,8 @@ class ShardWriteback:
             # A unit whose every answer failed still gets its (zero-row) shard, so
             # it counts as done and a rerun does not redo it.
             with dataset.writer(job.unit.unit_id, spec.provenance) as writer:
-                for _, row in encoded:
-                    writer.write_encoded(row)
+                for sid, row in encoded:
+                    writer.write_encoded(spill.read(sid) if isinstance(row, _Spilled) else row)
             result.shard = writer.info
             dataset.write_errors(job.unit.unit_id, result.errors)
             result.seconds = time.monotonic() - job.started
@@ -143,6 +181,8 @@ class ShardWriteback:
             return
         finally:
             self._account(-held)  # rows that failed to encode were never counted
+            if spill is not None:
+                spill.close()
         done(result, None)
 
     def close(self) -> None:
