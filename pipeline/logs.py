@@ -13,6 +13,8 @@ _NOISY = ("vllm", "ray", "transformers", "datasets", "urllib3", "botocore", "s3f
 
 
 def setup_logging(verbose: bool = False) -> None:
+    from pipeline.redact import CREDENTIAL_LOGGERS, SecretFilter
+
     level = logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(
         level=level,
@@ -20,6 +22,11 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
         force=True,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(SecretFilter())
+    # Their DEBUG records carry signed request headers (access key id, session token).
+    for name in CREDENTIAL_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.INFO))
     if not verbose:
         import warnings
 

@@ -32,4 +32,6 @@ def describe_resources(config: PipelineConfig) -> str:
     lines.append(f"total GPUs requested: {gpus:g}")
     lines.append(f"ray: {config.ray.address or 'local (started by the job)'}")
     lines.append(f"output: {config.output.uri} (codec {config.output.codec})")
-    return "\n".join(lines)
+    from pipeline.redact import redact
+
+    return redact("\n".join(lines))

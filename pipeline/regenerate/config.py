@@ -167,6 +167,12 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
     return load_model_yaml(PipelineConfig, path, overrides)
 
 
-def dump_config(config: PipelineConfig) -> str:
-    """YAML text of a config (defaults included), for provenance and `plan`."""
-    return dump_yaml(config)
+def dump_config(config: PipelineConfig, *, redacted: bool = True) -> str:
+    """YAML text of a config (defaults included), for `plan`: secrets masked unless asked."""
+    if not redacted:
+        return dump_yaml(config)
+    import yaml
+
+    from pipeline.redact import redact
+
+    return yaml.safe_dump(redact(config.model_dump(mode="json")), sort_keys=False)
