@@ -20,9 +20,10 @@ import re
 from typing import Any
 
 MASK = "<redacted>"
+# Names of settings that hold secrets (not counts: `max_new_tokens` is no secret).
 SECRET_NAME = re.compile(
-    r"(secret|token|password|passwd|credential|access_key|api_key|private_key|session_key|"
-    r"auth)",
+    r"(secret|password|passwd|credential|access_key|api_key|private_key|(^|_)token$|"
+    r"(^|_)auth(orization)?$)",
     re.IGNORECASE,
 )
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@", re.I)
@@ -43,7 +44,11 @@ def redact(data: Any) -> Any:
     """A copy of `data` (mappings, lists, strings) with secrets masked."""
     if isinstance(data, dict):
         return {
-            k: (MASK if isinstance(k, str) and is_secret_name(k) and v else redact(v))
+            k: (
+                MASK
+                if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v
+                else redact(v)
+            )
             for k, v in data.items()
         }
     if isinstance(data, (list, tuple)):
