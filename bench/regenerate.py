@@ -27,8 +27,8 @@ the median with its range. Rates: generated tok/s, and captured tok/s
 (prompt + generated tokens whose hidden states are stored). P1 = c / a and
 P2 = c / b in generated tok/s on the large toy; `regen_trained_P1/P2` on the
 trained toy. `--profile` samples (c) of the first round with py-spy (the
-replica process and its engine) and prints the shares of engine, capture
-transport, encoding, writing and Ray. Also measured: encode MB/s per core of
+replica process and its engine processes, on-CPU samples only) and prints the
+shares of engine, capture, transport, encoding, writing and Ray. Also measured: encode MB/s per core of
 the bf16 codec at the 2.8T example's width (hidden 7168 x 6 states), with one
 and two threads (the write-back's threads need the codec to release the GIL).
 Results merge into bench/results.json; this bench's section of RESULTS.md is
@@ -262,7 +262,7 @@ class _Profiler:
         else:
             return
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        cmd = [spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "50", "--idle"]
+        cmd = [spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "50"]
         cmd += ["--format", "raw", "--output", str(self.out), "--nonblocking"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -277,21 +277,26 @@ class _Profiler:
 
 SHARES = {
     # label: substrings of a stack that put a sample there (first match wins)
-    "capture transport (connector gather + spool write)": ("capture_connector.py",),
+    "engine spin-wait (vLLM shm broadcast, sched_yield)": ("sched_yield", "SpinCondition"),
+    "capture (worker gather + spool write)": (
+        "capture_worker.py",
+        "capture_connector.py",
+        "write_spool",
+    ),
     "capture transport (spool read + assembly)": ("take_chunks", "read_spool", "CaptureAssembler"),
-    "contract tensors + final norm": ("_to_captured",),
+    "contract tensors + final norm": ("_to_captured", "join_parts"),
     "encoding (codecs)": ("codecs.py",),
     "shard writing (Parquet, hash, storage)": ("shards/writer.py", "pyarrow", "storage/"),
-    "target forward": ("qwen3.py", "layers/", "attention"),
-    "engine: scheduler, sampler, spec decode, outputs": ("vllm/",),
-    "feeder and unit jobs": ("regenerate/feeder.py", "regenerate/unit.py", "render.py"),
+    "target forward": ("_model_forward", "qwen3.py", "qwen2.py"),
+    "engine: scheduler, sampler, outputs": ("vllm/",),
+    "feeder and unit jobs (render, decode, samples)": ("regenerate/", "render.py"),
     "Ray": ("ray/",),
 }
 
 
 def summarise_profile(path: Path) -> dict[str, float]:
-    """Share of samples (all threads of both processes, idle included) per part."""
-    counts = dict.fromkeys([*SHARES, "idle / waiting", "other"], 0)
+    """Share of on-CPU samples (every thread of the replica and its engine processes) per part."""
+    counts = dict.fromkeys([*SHARES, "other"], 0)
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -299,10 +304,6 @@ def summarise_profile(path: Path) -> dict[str, float]:
             continue
         n = int(count)
         total += n
-        leaf = stack.rsplit(";", 1)[-1]
-        if any(w in leaf for w in ("wait", "select", "poll", "sleep", "recv", "epoll", "acquire")):
-            counts["idle / waiting"] += n
-            continue
         for label, needles in SHARES.items():
             if any(needle in stack for needle in needles):
                 counts[label] += n

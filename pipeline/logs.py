@@ -99,6 +99,7 @@ def _filter_fd(fd: int, noise: tuple[bytes, ...]) -> None:
 
     def pump() -> None:
         pending = b""
+        dropped = False  # a progress bar's blank closing line goes with it
         while True:
             ready, _, _ = select.select([read_end], [], [], 0.2)
             chunk = os.read(read_end, 1 << 16) if ready else b""
@@ -108,7 +109,14 @@ def _filter_fd(fd: int, noise: tuple[bytes, ...]) -> None:
                 return
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            out = b"".join(line + b"\n" for line in lines if not any(n in line for n in noise))
+            kept = []
+            for line in lines:
+                if any(n in line for n in noise) or (dropped and not line.strip(b"\r\t ")):
+                    dropped = True
+                    continue
+                dropped = False
+                kept.append(line + b"\n")
+            out = b"".join(kept)
             # A partial line (a progress bar) goes out once nothing more came for a while.
             if pending and not ready and not any(n in pending for n in noise):
                 out, pending = out + pending, b""
