@@ -48,6 +48,10 @@ class ReplicaConfig(ConfigModel):
     placement: PlacementConfig | None = None
     # Restarts of a dead replica actor before the run gives up on it.
     max_restarts: int = Field(3, ge=0)
+    # How long a replica may take to be scheduled and load its engine before
+    # the run stops with a named error (a replica that cannot get its
+    # resources, or an engine stuck loading, never hangs the job silently).
+    start_timeout_s: float = Field(1800.0, gt=0)
 
     @model_validator(mode="after")
     def _one_domain_per_replica(self) -> ReplicaConfig:

@@ -287,7 +287,7 @@ def start_replicas(
             actors.append(actor)
             if pgs:
                 _PLACEMENT_GROUPS[actor] = pgs[index]
-        return actors, ray.get([a.ready.remote() for a in actors])
+        return actors, _wait_ready(actors, replicas.start_timeout_s)
     except BaseException:
         for actor in actors:
             _PLACEMENT_GROUPS.pop(actor, None)
@@ -295,6 +295,28 @@ def start_replicas(
         for pg in pgs:
             remove_placement_group(pg)
         raise
+
+
+class ReplicaStartTimeout(PipelineError):
+    """A replica was not up (scheduled and its engine loaded) within its start timeout."""
+
+
+def _wait_ready(actors: list[Any], timeout_s: float) -> list[dict[str, Any]]:
+    """Every actor's `ready()` answer, or ReplicaStartTimeout naming the ones not up."""
+    import ray
+
+    refs = [a.ready.remote() for a in actors]
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        late = [i for i, ref in enumerate(refs) if ref in set(pending)]
+        free = ray.available_resources()
+        raise ReplicaStartTimeout(
+            f"replica(s) {late} not up after {timeout_s:g} s (not scheduled, or the engine did "
+            f"not finish loading); free cluster resources: "
+            + ", ".join(f"{k} {v:g}" for k, v in sorted(free.items()) if not k.startswith("node:"))
+            + "; check the replica's Ray log, free resources, or raise replicas.start_timeout_s"
+        )
+    return ray.get(refs)
 
 
 def replica_placement_group(actor: Any) -> Any | None:

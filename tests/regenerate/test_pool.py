@@ -59,3 +59,38 @@ def test_tensor_parallel_needs_a_gpu_bundle_per_worker():
 
     with pytest.raises(ValueError, match="tensor_parallel_size is 144 but .* 72 GPU bundles"):
         check_placement(TargetConfig(model="toy:random", tensor_parallel_size=144), _rack())
+
+
+class _SlowEngine:
+    """A replica stand-in whose engine never finishes loading (a fault injected on purpose)."""
+
+    def __init__(self, target, regenerate) -> None:
+        import time
+
+        time.sleep(3600)
+
+    def ready(self) -> dict:
+        return {}
+
+
+def test_a_replica_that_never_comes_up_stops_the_run_with_a_named_error(ray_local):
+    import sys
+    import time
+
+    import pytest
+    from ray import cloudpickle
+
+    from pipeline.regenerate.config import RegenerateConfig
+    from pipeline.regenerate.pool import ReplicaStartTimeout, start_replicas
+    from pipeline.targets.config import TargetConfig
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on Ray's path
+    started = time.monotonic()
+    with pytest.raises(ReplicaStartTimeout, match=r"replica\(s\) \[0\] not up after 3 s"):
+        start_replicas(
+            TargetConfig(model="toy:random"),
+            ReplicaConfig(num_cpus=0.5, start_timeout_s=3),
+            RegenerateConfig(),
+            actor_class=_SlowEngine,
+        )
+    assert time.monotonic() - started < 60
