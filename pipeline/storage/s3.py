@@ -137,8 +137,8 @@ class S3Storage:
         while True:
             page = self.retry.call(
                 "list_uploads",
-                lambda: self.fs.call_s3(
-                    "list_multipart_uploads", Bucket=self.bucket, Prefix=root, **markers
+                lambda m=markers: self.fs.call_s3(
+                    "list_multipart_uploads", Bucket=self.bucket, Prefix=root, **m
                 ),
             )
             for up in page.get("Uploads", []):
