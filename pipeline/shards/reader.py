@@ -145,8 +145,8 @@ class ShardReader:
         return filesystem, [f"{base}/{e.path}" for e in self.manifest.shards]
 
     def __len__(self) -> int:
-        """Rows in this rank's shards (before the domain filter)."""
-        return sum(e.rows for e in self.shards)
+        """Live rows in this rank's shards (before the domain filter)."""
+        return sum(e.live_rows for e in self.shards)
 
     def __iter__(self) -> Iterator[TrainingSample]:
         if self.prefetch == 0:
@@ -163,6 +163,7 @@ class ShardReader:
     ) -> Iterator[TrainingSample]:
         pf, _ = open_shard(self.dataset, entry)
         url = self.dataset.shard_url(entry)
+        dropped = frozenset(entry.dropped)
         with pf:
             for group in range(pf.metadata.num_row_groups):
                 keys = pf.read_row_group(group, columns=_KEY_COLUMNS)
@@ -177,6 +178,7 @@ class ShardReader:
                     )
                     if (self.domains is None or dom in self.domains)
                     and (sample_id is None or sid == sample_id)
+                    and sid not in dropped
                 ]
                 if not keep:
                     continue
@@ -193,8 +195,10 @@ class ShardReader:
                 pf, _ = open_shard(self.dataset, entry)
                 with pf:
                     ids = pf.read(columns=["sample_id"]).column("sample_id").to_pylist()
+                dropped = frozenset(entry.dropped)
                 for row, sid in enumerate(ids):
-                    index[sid] = (entry, row)
+                    if sid not in dropped:
+                        index[sid] = (entry, row)
             self._index = index
         try:
             entry, _ = self._index[sample_id]

@@ -21,7 +21,13 @@ def dataset(root):
     return ds
 
 
+def _key(ds: Dataset, unit: str) -> str:
+    (path,) = [e.path for e in ds.manifest().shards if e.unit_id == unit]
+    return path
+
+
 def _flip_byte(ds: Dataset, key: str, offset: int) -> None:
+    """Corrupt a file in place, as bit rot or a foreign tool would (not a shard writer)."""
     data = bytearray(ds.storage.read_bytes(key))
     data[offset] ^= 0x01
     with ds.storage.open_write(key) as f:
@@ -33,7 +39,7 @@ def test_inspect_shows_versions_shards_and_provenance(dataset):
     assert "latest version: 2" in text
     assert "v000001" in text and "v000002" in text
     for unit in ("unit-a", "unit-b", "unit-c"):
-        assert f"shards/{unit}.parquet" in text
+        assert _key(dataset, unit) in text
     assert "bytes/token=" in text and "raw bf16 192 B/token" in text
     assert '"target_revision": "sha256:0123abcd"' in text and "bf16" in text
     older = inspect_dataset(dataset.uri, version=1)
@@ -47,7 +53,7 @@ def test_verify_passes_on_clean_data(dataset):
 
 
 def test_verify_names_a_shard_with_one_flipped_byte(dataset):
-    key = "shards/unit-b.parquet"
+    key = _key(dataset, "unit-b")
     # Flip a byte inside a tensor frame's compressed data (middle of the first row group).
     group = pq.ParquetFile(dataset.storage.open_read(key)).metadata.row_group(0)
     chunk = group.column(5)  # hidden_states
@@ -60,7 +66,7 @@ def test_verify_names_a_shard_with_one_flipped_byte(dataset):
 
 
 def test_verify_catches_a_flipped_footer_byte_and_truncation(dataset):
-    a, c = "shards/unit-a.parquet", "shards/unit-c.parquet"
+    a, c = _key(dataset, "unit-a"), _key(dataset, "unit-c")
     size = dataset.storage.info(a).size
     _flip_byte(dataset, a, size - 20)
     data = dataset.storage.read_bytes(c)
@@ -74,7 +80,7 @@ def test_cli_verify_exits_nonzero_naming_the_shard(dataset):
     runner = CliRunner()
     ok = runner.invoke(cli, ["verify", dataset.uri])
     assert ok.exit_code == 0, ok.output
-    key = "shards/unit-a.parquet"
+    key = _key(dataset, "unit-a")
     _flip_byte(dataset, key, 100)
     bad = runner.invoke(cli, ["verify", dataset.uri])
     assert bad.exit_code == 1
@@ -99,13 +105,13 @@ def test_gc_lists_then_deletes_only_unreferenced_files(dataset):
 def test_cli_inspect_and_gc(dataset):
     runner = CliRunner()
     out = runner.invoke(cli, ["inspect", dataset.uri])
-    assert out.exit_code == 0 and "shards/unit-c.parquet" in out.output
+    assert out.exit_code == 0 and _key(dataset, "unit-c") in out.output
     orphan, _ = write_unit(dataset, "unit-orphan", 1)
     dry = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0"])
-    assert dry.exit_code == 0 and "would delete shards/unit-orphan.parquet" in dry.output
+    assert dry.exit_code == 0 and f"would delete {orphan.path}" in dry.output
     assert "--delete" in dry.output
     done = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0", "--delete"])
-    assert done.exit_code == 0 and "deleted shards/unit-orphan.parquet" in done.output
+    assert done.exit_code == 0 and f"deleted {orphan.path}" in done.output
     assert not dataset.storage.exists(orphan.path)
 
 
