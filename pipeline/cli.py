@@ -121,9 +121,53 @@ def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-def refresh(config_path: Path) -> None:
-    """Regenerate only what changed and publish the next dataset version."""
-    _not_built("refresh", "incremental refresh")
+@SET_OPTION
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Run in this process on one backend (e.g. target.backend=hf) instead of Ray replicas.",
+)
+@click.option(
+    "--wait-for-lease",
+    type=float,
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="If another driver holds the dataset's lease, wait this long for it (default: exit at once).",
+)
+@click.option(
+    "--summary-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the run summary as JSON.",
+)
+def refresh(
+    config_path: Path,
+    overrides: tuple[str, ...],
+    local: bool,
+    wait_for_lease: float,
+    summary_json: Path | None,
+) -> None:
+    """Regenerate only what changed and publish the next dataset version.
+
+    Diffs the corpus against the latest version by sample id and input hash:
+    new and changed samples are regenerated, removed ones tombstoned. A new
+    target revision, layer set, template, codec or generation parameters start
+    a new lineage (said in one line before any engine starts). Exits 1 naming
+    the holder if another regeneration or refresh holds the dataset's lease.
+    """
+    from pipeline.config import parse_overrides
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.refresh import run_refresh
+
+    config = load_config(config_path, overrides=parse_overrides(list(overrides)))
+    summary = run_refresh(
+        config, local=local, wait_for_lease_s=wait_for_lease, show_progress=not local
+    )
+    if summary_json is not None:
+        summary.write_json(summary_json)
+    for line in summary.lines():
+        click.echo(line)
 
 
 ENDPOINT_OPTION = click.option(

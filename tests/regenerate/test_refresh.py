@@ -227,3 +227,21 @@ def test_a_refresh_whose_lease_expired_cannot_publish(tmp_path, requests, monkey
     assert ds.latest_version() is None  # nothing was published
     with WriteSession(ds, owner="next refresh") as taker:  # the expired lease is taken over
         assert lease.read_lease(ds).session == taker.id
+
+
+def test_cli_refresh_exits_at_once_naming_the_holder(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    corpus, uri = tmp_path / "corpus.jsonl", tmp_path / "ds"
+    _write(corpus, _rows(range(2)))
+    path = tmp_path / "refresh.yaml"
+    path.write_text(yaml.safe_dump(_config(corpus, uri).model_dump(mode="json")))
+    with WriteSession(Dataset.open(uri), owner="the nightly refresh"):
+        started = time.monotonic()
+        out = CliRunner().invoke(cli, ["refresh", "--config", str(path), "--local"])
+    assert out.exit_code == 1 and time.monotonic() - started < 20
+    assert "is being written by the nightly refresh (session s-" in out.output
+    assert Dataset.open(uri).latest_version() is None
