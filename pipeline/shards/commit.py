@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -47,12 +47,11 @@ from pipeline.shards.model import (
 from pipeline.shards.schema import Provenance
 from pipeline.shards.segments import TOP_LEVEL, Drop, Segment, merge, run_to_merge
 from pipeline.shards.sidecar import (
+    RangeIndex,
     SampleIndex,
     build_index,
     index_from_parquet,
     key_hex,
-    parse_range,
-    ranges_overlap,
     sidecar_key,
 )
 from pipeline.storage import AlreadyExists
@@ -98,7 +97,7 @@ def commit(
     version = (parent_version or 0) + 1
     carry = parent is not None and not new_lineage
     lineage = _lineage(ds, parent if carry else None, prov, version, num_buckets)
-    base: dict[str, ShardEntry] = dict(parent.entries) if carry else {}
+    base: Mapping[str, ShardEntry] = parent.entries if carry else {}  # never modified
 
     # -- new shards: provenance, files, members
     indexes: dict[str, SampleIndex] = {}
@@ -150,7 +149,8 @@ def commit(
         rows = sum(1 for r in index.rows if r.sample_id in ids)
         drop_rows[path] = (ids, rows)
 
-    _check_against_parent(ds, base, indexes, drop_rows, removed, drop)
+    parent_ranges = range_index(parent) if carry else None
+    _check_against_parent(ds, base, parent_ranges, indexes, removed, drop)
 
     # -- totals, entries, sidecars
     totals = _totals(ds, parent if carry else None, base)
@@ -237,7 +237,9 @@ def commit(
     history = (tuple(parent.history) if carry else ())[-(HISTORY_LENGTH - 1) :] + (summary,)
     last_complete = version if complete else (parent.last_complete_version if carry else None)
     schema_version = max(
-        [e.schema_version for e in entries.values()] + [parent.schema_version if carry else 1]
+        [e.schema_version for e in new_entries]
+        + [parent.schema_version if carry else 1]
+        + [e.schema_version for e in base.values() if not carry]
     )
     manifest = Manifest(
         version=version,
@@ -271,6 +273,8 @@ def commit(
             f"commit was based on version {parent_version}; this commit published nothing "
             "(re-read the latest version and commit again)"
         ) from None
+    if parent_ranges is not None:
+        manifest.__dict__["_range_index"] = parent_ranges.with_changes(new_entries, removed)
     ds.remember(manifest)
     log.info(
         "committed version=%d shards=%d rows=%d tokens=%d new_shards=%d dropped=%d uri=%s",
@@ -371,32 +375,41 @@ def _check_no_repeats(indexes: dict[str, SampleIndex]) -> None:
             seen[sid] = path
 
 
+def range_index(manifest: Manifest | None) -> RangeIndex | None:
+    """The version's shards by key range (built once per version, then derived commit by commit)."""
+    if manifest is None:
+        return None
+    index = manifest.__dict__.get("_range_index")
+    if index is None:
+        buckets = manifest.lineage.num_buckets if manifest.lineage else 1
+        index = RangeIndex.build(manifest.entries.values(), buckets)
+        manifest.__dict__["_range_index"] = index
+    return index
+
+
 def _check_against_parent(
     ds: Dataset,
-    base: dict[str, ShardEntry],
+    base: Mapping[str, ShardEntry],
+    ranges_of: RangeIndex | None,
     indexes: dict[str, SampleIndex],
-    drop_rows: dict[str, tuple[set[str], int]],
     removed: set[str],
     drop: dict[str, set[str]],
 ) -> None:
     """No new member may already be live in the parent, unless this commit drops it there."""
-    ranges = [(p, ix.key_range()) for p, ix in indexes.items()]
-    ranges = [(p, r) for p, r in ranges if r is not None]
-    if not ranges or not base:
+    if ranges_of is None or not base:
         return
     gone = {p: set(ids) for p, ids in drop.items()}
-    for path, entry in base.items():
-        if path in removed:
+    for new_path, new_index in indexes.items():
+        rng = new_index.key_range()
+        if rng is None:
             continue
-        rng = parse_range(entry.key_lo, entry.key_hi)
-        hits = [p for p, r in ranges if ranges_overlap(rng, r)]
-        if not hits:
-            continue
-        live = ds.sample_index(entry).member_ids() - set(entry.dropped) - gone.get(path, set())
-        if not live:
-            continue
-        for new_path in hits:
-            twice = sorted(live & indexes[new_path].member_ids())
+        members = new_index.member_ids()
+        for path in ranges_of.overlapping(*rng):
+            if path in removed or path not in base:
+                continue
+            entry = base[path]
+            live = ds.sample_index(entry).member_ids() - set(entry.dropped) - gone.get(path, set())
+            twice = sorted(live & members)
             if twice:
                 raise DuplicateSampleError(
                     f"{ds.uri}: {new_path} holds {len(twice)} sample(s) that {path} already "
@@ -437,7 +450,7 @@ class _Counts:
         )
 
 
-def _totals(ds: Dataset, parent: Manifest | None, base: dict[str, ShardEntry]) -> Totals:
+def _totals(ds: Dataset, parent: Manifest | None, base: Mapping[str, ShardEntry]) -> Totals:
     if parent is None:
         return Totals()
     if parent.totals is not None:
@@ -453,7 +466,7 @@ def _totals(ds: Dataset, parent: Manifest | None, base: dict[str, ShardEntry]) -
 
 
 def _base_refs(
-    ds: Dataset, parent: Manifest | None, carry: bool, base: dict[str, ShardEntry]
+    ds: Dataset, parent: Manifest | None, carry: bool, base: Mapping[str, ShardEntry]
 ) -> list[SegmentRef]:
     if not carry or parent is None:
         return []

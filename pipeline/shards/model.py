@@ -72,10 +72,23 @@ class ShardEntry:
     def live_rows(self) -> int:
         return self.rows - self.dropped_rows
 
+    @cached_property
+    def key_range(self) -> tuple[int, int] | None:
+        """Partition-key range of the members as ints; None if unknown (format 1)."""
+        if self.key_lo is None or self.key_hi is None:
+            return None
+        return int(self.key_lo, 16), int(self.key_hi, 16)
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["dropped"] = list(self.dropped)
         return out
+
+    def __getstate__(self) -> dict[str, Any]:  # the cached key range stays out of pickles
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ShardEntry:
