@@ -209,21 +209,44 @@ def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
 
 @cli.command()
 @click.argument("uri")
-@click.option("--delete", is_flag=True, help="Delete (default: only list) unreferenced files.")
+@click.option("--delete", is_flag=True, help="Delete (default: only list) what gc finds.")
+@click.option(
+    "--keep-versions",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Retain only the newest K versions (plus pinned ones and the newest complete one); "
+    "default: retain every version.",
+)
 @click.option(
     "--min-age-hours",
     type=float,
     default=1.0,
     show_default=True,
-    help="Keep unreferenced files younger than this: a writer may be about to commit them.",
+    help="Also keep unreferenced files younger than this (for writers outside a write session).",
 )
 @ENDPOINT_OPTION
-def gc(uri: str, delete: bool, min_age_hours: float, endpoint_url: str | None) -> None:
-    """List (or delete) files that no manifest names."""
+def gc(
+    uri: str,
+    delete: bool,
+    keep_versions: int | None,
+    min_age_hours: float,
+    endpoint_url: str | None,
+) -> None:
+    """List (or delete) what no retained version names and no live writer may commit.
+
+    Files a live write session may still commit are kept whatever their age;
+    stale multipart uploads are aborted; with --keep-versions, the roots of
+    older unpinned versions go, and the files only they named.
+    """
     from pipeline.shards.tools import gc_dataset
 
     report = gc_dataset(
-        uri, delete=delete, min_age_s=min_age_hours * 3600, endpoint_url=endpoint_url
+        uri,
+        delete=delete,
+        keep_versions=keep_versions,
+        min_age_s=min_age_hours * 3600,
+        endpoint_url=endpoint_url,
     )
     click.echo(report.to_text())
 

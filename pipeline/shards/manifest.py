@@ -282,6 +282,18 @@ class Dataset:
             return set()
         return {s.unit_id for s in self.manifest(version).shards}
 
+    def pin(self, version: int, name: str, *, owner: str = "", ttl_s: float | None = None) -> str:
+        """Keep `version` from gc under `name` (lease.py); the pin's key."""
+        from pipeline.shards.lease import pin_version
+
+        self.manifest(version)  # it must exist
+        return pin_version(self, version, name, owner=owner, ttl_s=ttl_s)
+
+    def unpin(self, name: str) -> None:
+        from pipeline.shards.lease import unpin_version
+
+        unpin_version(self, name)
+
     def shard_url(self, entry: ShardEntry | str) -> str:
         return self.storage.url(entry if isinstance(entry, str) else entry.path)
 

@@ -22,7 +22,7 @@ from pipeline.regenerate.refresh import run_refresh
 from pipeline.regenerate.run import run_local
 from pipeline.shards import lease
 from pipeline.shards.lease import LeaseHeld, LeaseLost, WriteSession
-from pipeline.shards.manifest import Dataset, LineageMismatch
+from pipeline.shards.manifest import Dataset, DatasetError, LineageMismatch
 from pipeline.targets.hf_backend import HFTarget
 from pipeline.threads import torch_threads
 
@@ -245,3 +245,56 @@ def test_cli_refresh_exits_at_once_naming_the_holder(tmp_path):
     assert out.exit_code == 1 and time.monotonic() - started < 20
     assert "is being written by the nightly refresh (session s-" in out.output
     assert Dataset.open(uri).latest_version() is None
+
+
+def test_gc_running_during_a_regeneration_deletes_nothing_it_names(tmp_path, requests, monkeypatch):
+    import os
+
+    from pipeline.shards.tools import gc_dataset, verify_dataset
+
+    corpus, uri = tmp_path / "corpus.jsonl", tmp_path / "ds"
+    _write(corpus, _rows(range(12)))
+    config = _config(corpus, uri)
+    ds = Dataset.open(uri)
+    # A crashed earlier run's shard: written hours ago, before this run's session.
+    dead = "shards/u0000-deadbeef0000.0badcafe.parquet"
+    with ds.storage.open_create(dead) as fh:
+        fh.write(b"not committed by anyone")
+    past = time.time() - 3 * 3600
+    os.utime(ds.storage.url(dead), (past, past))
+    submit = HFTarget.submit
+
+    def slow(self, request, *args, **kwargs):
+        time.sleep(0.25)  # stretch the run so gc passes interleave with writes and commits
+        return submit(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(HFTarget, "submit", slow)
+    outcome: dict = {}
+
+    def regenerate() -> None:
+        with torch_threads(1):
+            outcome["summary"] = run_local(config)
+
+    runner = threading.Thread(target=regenerate)
+    runner.start()
+    deleted: set[str] = set()
+    passes = 0
+    while runner.is_alive():
+        try:
+            deleted |= {o.key for o in gc_dataset(str(uri), delete=True, min_age_s=0).garbage}
+            passes += 1
+        except DatasetError:  # an empty root, before the run's first write: not a dataset yet
+            pass
+        time.sleep(0.02)
+    runner.join()
+    assert passes >= 5 and outcome["summary"].version >= 2, passes
+    assert dead in deleted  # gc did collect garbage meanwhile
+    named: set[str] = set()
+    for v in ds.versions():
+        assert verify_dataset(str(uri), version=v).ok, v
+        m = Dataset.open(uri).manifest(v)
+        named |= {e.path for e in m.shards} | {e.sidecar for e in m.shards}
+        named |= {r.key for r in m.segments}
+    assert not deleted & named
+    ids = live_ids_duckdb(uri)
+    assert len(ids) == len(set(ids)) and set(ids) == _expected(config)
