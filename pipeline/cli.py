@@ -209,6 +209,31 @@ def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
 
 @cli.command()
 @click.argument("uri")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["hf-datasets", "speculators"]),
+    required=True,
+    help="hf-datasets: a datasets.save_to_disk directory; speculators: the per-sample "
+    "hs_{i}.safetensors + Arrow token dataset layout speculators' offline training reads.",
+)
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="New directory."
+)
+@click.option(
+    "--version", "version", type=int, default=None, help="Version to export (default: latest)."
+)
+@ENDPOINT_OPTION
+def export(uri: str, fmt: str, out: Path, version: int | None, endpoint_url: str | None) -> None:
+    """Write the live samples of a dataset version in another trainer's layout."""
+    from pipeline.shards.export import export_dataset
+
+    report = export_dataset(uri, out, format=fmt, version=version, endpoint_url=endpoint_url)
+    click.echo(report.to_text())
+
+
+@cli.command()
+@click.argument("uri")
 @click.option("--delete", is_flag=True, help="Delete (default: only list) what gc finds.")
 @click.option(
     "--keep-versions",

@@ -15,6 +15,7 @@ COMMANDS = (
     "inspect",
     "verify",
     "gc",
+    "export",
     "plan",
     "demo",
 )

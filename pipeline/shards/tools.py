@@ -44,6 +44,8 @@ class VersionSummary:
     num_rows: int
     num_tokens: int
     num_bytes: int
+    lineage: str = "-"  # lineage id ("-" for manifest format 1)
+    complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,20 +63,39 @@ class InspectReport:
         for v in self.versions:
             lines.append(
                 f"  v{v.version:06d}  {v.created_at}  shards={v.num_shards} rows={v.num_rows} "
-                f"tokens={v.num_tokens} bytes={_mb(v.num_bytes)}"
+                f"tokens={v.num_tokens} bytes={_mb(v.num_bytes)} lineage={v.lineage}"
+                + (" complete" if v.complete else "")
             )
         raw = raw_bf16_bytes_per_token(m)
         lines += [
             "",
-            f"version {m.version} (parent {m.parent_version}), schema v{m.schema_version}:",
+            f"version {m.version} (parent {m.parent_version}), schema v{m.schema_version}, "
+            f"manifest format {m.manifest_version}:",
         ]
+        if m.lineage is not None:
+            lines.append(
+                f"  lineage {m.lineage.id} since version {m.lineage.first_version}, "
+                f"{m.lineage.num_buckets} buckets; {len(m.segments)} segments; latest complete "
+                f"version {m.last_complete_version}"
+            )
+        if m.totals is not None:
+            lines.append(
+                "  samples by domain: "
+                + ", ".join(f"{k}={n}" for k, n in sorted(m.totals.by_domain.items()))
+            )
+            dropped = m.totals.stored_rows - m.totals.rows
+            if dropped:
+                lines.append(
+                    f"  tombstoned rows (kept in their files, skipped by readers): {dropped}"
+                )
         lines.append(
             f"  {'shard':<40} {'rows':>7} {'tokens':>10} {'bytes':>12} {'B/token':>9} codec"
         )
         for e in m.shards:
             bpt = e.bytes / e.tokens if e.tokens else 0.0
+            live = f"{e.live_rows}/{e.rows}" if e.dropped_rows else str(e.rows)
             lines.append(
-                f"  {e.path:<40} {e.rows:>7} {e.tokens:>10} {e.bytes:>12} {bpt:>9.1f} {e.codec}"
+                f"  {e.path:<40} {live:>7} {e.tokens:>10} {e.bytes:>12} {bpt:>9.1f} {e.codec}"
             )
         bpt = m.num_bytes / m.num_tokens if m.num_tokens else 0.0
         lines.append(
@@ -95,10 +116,22 @@ def inspect_dataset(
     if latest is None:
         return InspectReport(dataset.uri, None, (), None)
     summaries = []
-    for v in dataset.versions():
-        m = dataset.manifest(v)
+    for v in dataset.versions():  # from the roots alone: no segment is read
+        key = manifest_key(v)
+        body = parse_root(dataset.storage.read_bytes(key), dataset.storage.url(key)).body
+        t = body.get("totals", {})
+        lineage = body.get("lineage") or {}
         summaries.append(
-            VersionSummary(v, m.created_at, len(m.shards), m.num_rows, m.num_tokens, m.num_bytes)
+            VersionSummary(
+                v,
+                body["created_at"],
+                t.get("shards", 0),
+                t.get("rows", 0),
+                t.get("tokens", 0),
+                t.get("bytes", 0),
+                lineage.get("id", "-"),
+                bool(body.get("commit", {}).get("complete")),
+            )
         )
     return InspectReport(dataset.uri, latest, tuple(summaries), dataset.manifest(version or latest))
 

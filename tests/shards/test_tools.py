@@ -118,3 +118,16 @@ def test_cli_inspect_and_gc(dataset):
 def test_cli_reports_a_missing_dataset_in_one_line(tmp_path):
     out = CliRunner().invoke(cli, ["verify", str(tmp_path / "nope")])
     assert out.exit_code == 1 and "no committed version" in out.output
+
+
+def test_the_dataset_card_is_rewritten_at_each_commit(dataset):
+    card = dataset.storage.read_bytes("README.md").decode()
+    assert "# Training targets: toy:trained" in card and "Version **2**" in card
+    assert "| samples | 8 |" in card and "| shards | 3 |" in card
+    assert "| math | 3 |" in card and "| synthetic | 8 |" in card  # per domain, per source
+    assert "bytes per token" in card and "raw bf16: 192" in card
+    assert "| target_revision | `sha256:0123abcd` |" in card
+    assert "| 2 |" in card and "| 1 |" in card  # recent versions
+    m = dataset.commit([], remove=[_key(dataset, "unit-c")])
+    card = dataset.storage.read_bytes("README.md").decode()
+    assert f"Version **{m.version}**" in card and "| samples | 6 |" in card
