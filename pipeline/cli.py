@@ -223,12 +223,19 @@ def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
 @click.option(
     "--version", "version", type=int, default=None, help="Version to export (default: latest)."
 )
+@click.option(
+    "--verify", is_flag=True, help="Re-hash every shard against the manifest before reading it."
+)
 @ENDPOINT_OPTION
-def export(uri: str, fmt: str, out: Path, version: int | None, endpoint_url: str | None) -> None:
+def export(
+    uri: str, fmt: str, out: Path, version: int | None, verify: bool, endpoint_url: str | None
+) -> None:
     """Write the live samples of a dataset version in another trainer's layout."""
     from pipeline.shards.export import export_dataset
 
-    report = export_dataset(uri, out, format=fmt, version=version, endpoint_url=endpoint_url)
+    report = export_dataset(
+        uri, out, format=fmt, version=version, endpoint_url=endpoint_url, verify=verify
+    )
     click.echo(report.to_text())
 
 

@@ -62,8 +62,12 @@ def export_dataset(
     format: str,
     version: int | None = None,
     endpoint_url: str | None = None,
+    verify: bool = False,
 ) -> ExportReport:
-    """Write version `version` (default: the latest) of `uri` to `out` in `format`."""
+    """Write version `version` (default: the latest) of `uri` to `out` in `format`.
+
+    `verify`: re-hash every shard against the manifest before reading it.
+    """
     from pipeline.shards.reader import ShardReader
 
     if format not in FORMATS:
@@ -72,7 +76,7 @@ def export_dataset(
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty: export into a new directory")
     dataset = Dataset.open(uri, endpoint_url=endpoint_url)
-    reader = ShardReader(dataset, version=version, prefetch=2)
+    reader = ShardReader(dataset, version=version, prefetch=2, verify=verify)
     manifest = reader.manifest
     out.mkdir(parents=True, exist_ok=True)
     if format == "hf-datasets":

@@ -78,7 +78,18 @@ def test_cli_export(dataset, tmp_path):
 
     out = tmp_path / "cli-hf"
     result = CliRunner().invoke(
-        cli, ["export", dataset.uri, "--format", "hf-datasets", "--out", str(out), "--version", "1"]
+        cli,
+        [
+            "export",
+            dataset.uri,
+            "--format",
+            "hf-datasets",
+            "--out",
+            str(out),
+            "--version",
+            "1",
+            "--verify",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "exported version 1 (3 samples) as hf-datasets" in result.output

@@ -128,6 +128,10 @@ def test_a_zombie_write_of_a_committed_shard_changes_no_committed_byte(root):
         with zombie:
             for s in other:
                 zombie.write(s)
+    # The bare storage write a zombie would make: same name, same size, other bytes.
+    with pytest.raises(AlreadyExists):
+        with ds.storage.open_create(info.path) as fh:
+            fh.write(bytes(b ^ 0xFF for b in committed))
     assert ds.storage.read_bytes(info.path) == committed
     assert verify_dataset(root).ok
     # A second attempt at the unit (a retried task) is another file; publishing it
