@@ -165,9 +165,8 @@ class VerifyReport:
                 f"{head}: OK (root, segments, every shard and sample index match; "
                 "every tensor decodes)"
             )
-        if self.problems:
-            return "\n".join([f"{head}: CORRUPT version"] + [f"  - {p}" for p in self.problems])
-        lines = [f"{head}: {len(self.corrupt)} corrupt shard(s)"]
+        lines = [f"{head}: {len(self.corrupt)} corrupt shard(s), {len(self.problems)} problem(s)"]
+        lines += [f"  - {p}" for p in self.problems]
         for shard in self.corrupt:
             lines.append(f"  CORRUPT {shard.path}")
             lines += [f"    - {p}" for p in shard.problems]
@@ -183,8 +182,13 @@ def _hash_shard(dataset: Dataset, entry: ShardEntry) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def verify_shard(dataset: Dataset, entry: ShardEntry, manifest: Manifest) -> list[str]:
-    """Problems with one shard; empty if its bytes and every tensor are as committed."""
+def verify_shard(
+    dataset: Dataset, entry: ShardEntry, manifest: Manifest, ids_out: list[str] | None = None
+) -> list[str]:
+    """Problems with one shard; empty if its bytes and every tensor are as committed.
+
+    `ids_out` receives the sample ids of the file's rows, in order.
+    """
     from pipeline.shards.reader import decode_rows, open_shard  # torch only when verifying
 
     problems = []
@@ -236,6 +240,8 @@ def verify_shard(dataset: Dataset, entry: ShardEntry, manifest: Manifest) -> lis
                 problems.append(f"sample index {entry.sidecar} lists other rows than the file")
         except Exception as err:
             problems.append(f"sample index: {err}")
+    if ids_out is not None:
+        ids_out.extend(ids)
     return problems
 
 
@@ -255,12 +261,30 @@ def verify_dataset(
         parse_root(dataset.storage.read_bytes(root), dataset.storage.url(root))
         return VerifyReport(dataset.uri, version, 0, 0, (), (str(err),))
     corrupt = []
+    seen: dict[str, str] = {}
+    twice: list[str] = []
     for entry in manifest.shards:
-        problems = verify_shard(dataset, entry, manifest)
+        ids: list[str] = []
+        problems = verify_shard(dataset, entry, manifest, ids)
         if problems:
             corrupt.append(ShardProblem(dataset.shard_url(entry), tuple(problems)))
+        dropped = set(entry.dropped)
+        for sid in ids:
+            if sid in dropped:
+                continue
+            if sid in seen:
+                twice.append(f"sample {sid!r} is live in both {seen[sid]} and {entry.path}")
+            seen[sid] = entry.path
+    version_problems = tuple(twice[:20])
+    if len(twice) > 20:
+        version_problems += (f"... {len(twice) - 20} more samples listed twice",)
     return VerifyReport(
-        dataset.uri, manifest.version, len(manifest.shards), manifest.num_rows, tuple(corrupt)
+        dataset.uri,
+        manifest.version,
+        len(manifest.shards),
+        manifest.num_rows,
+        tuple(corrupt),
+        version_problems,
     )
 
 

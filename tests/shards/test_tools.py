@@ -131,3 +131,32 @@ def test_the_dataset_card_is_rewritten_at_each_commit(dataset):
     m = dataset.commit([], remove=[_key(dataset, "unit-c")])
     card = dataset.storage.read_bytes("README.md").decode()
     assert f"Version **{m.version}**" in card and "| samples | 6 |" in card
+
+
+def test_verify_names_samples_a_version_lists_twice(tmp_path):
+    """The state the old protocol could publish (two attempts of one unit in one
+    format-1 manifest): verify reports it instead of calling it OK."""
+    from pipeline.shards.manifest import Manifest, ShardEntry, manifest_key
+
+    ds = Dataset.open(tmp_path / "ds")
+    infos = [write_unit(ds, "unit-a", 2)[0] for _ in range(2)]  # same samples, two files
+    entries = {
+        i.path: ShardEntry(
+            i.path,
+            i.unit_id,
+            i.rows,
+            i.tokens,
+            i.bytes,
+            i.sha256,
+            i.codec,
+            1,
+            i.provenance.identity_key(),
+        )
+        for i in infos
+    }
+    old = Manifest(1, None, "2026-01-01T00:00:00+00:00", infos[0].provenance, entries)
+    ds.storage.put_if_absent(manifest_key(1), old.legacy_json())
+    report = verify_dataset(ds.uri)
+    assert not report.ok and report.corrupt == ()
+    assert sum("is live in both" in p for p in report.problems) == 2
+    assert "2 problem(s)" in report.to_text()
