@@ -121,9 +121,53 @@ def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-def refresh(config_path: Path) -> None:
-    """Regenerate only what changed and publish the next dataset version."""
-    _not_built("refresh", "incremental refresh")
+@SET_OPTION
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Run in this process on one backend (e.g. target.backend=hf) instead of Ray replicas.",
+)
+@click.option(
+    "--wait-for-lease",
+    type=float,
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="If another driver holds the dataset's lease, wait this long for it (default: exit at once).",
+)
+@click.option(
+    "--summary-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the run summary as JSON.",
+)
+def refresh(
+    config_path: Path,
+    overrides: tuple[str, ...],
+    local: bool,
+    wait_for_lease: float,
+    summary_json: Path | None,
+) -> None:
+    """Regenerate only what changed and publish the next dataset version.
+
+    Diffs the corpus against the latest version by sample id and input hash:
+    new and changed samples are regenerated, removed ones tombstoned. A new
+    target revision, layer set, template, codec or generation parameters start
+    a new lineage (said in one line before any engine starts). Exits 1 naming
+    the holder if another regeneration or refresh holds the dataset's lease.
+    """
+    from pipeline.config import parse_overrides
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.refresh import run_refresh
+
+    config = load_config(config_path, overrides=parse_overrides(list(overrides)))
+    summary = run_refresh(
+        config, local=local, wait_for_lease_s=wait_for_lease, show_progress=not local
+    )
+    if summary_json is not None:
+        summary.write_json(summary_json)
+    for line in summary.lines():
+        click.echo(line)
 
 
 ENDPOINT_OPTION = click.option(
@@ -165,21 +209,76 @@ def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
 
 @cli.command()
 @click.argument("uri")
-@click.option("--delete", is_flag=True, help="Delete (default: only list) unreferenced files.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["hf-datasets", "speculators"]),
+    required=True,
+    help="hf-datasets: a datasets.save_to_disk directory; speculators: the per-sample "
+    "hs_{i}.safetensors + Arrow token dataset layout speculators' offline training reads.",
+)
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="New directory."
+)
+@click.option(
+    "--version", "version", type=int, default=None, help="Version to export (default: latest)."
+)
+@click.option(
+    "--verify", is_flag=True, help="Re-hash every shard against the manifest before reading it."
+)
+@ENDPOINT_OPTION
+def export(
+    uri: str, fmt: str, out: Path, version: int | None, verify: bool, endpoint_url: str | None
+) -> None:
+    """Write the live samples of a dataset version in another trainer's layout."""
+    from pipeline.shards.export import export_dataset
+
+    report = export_dataset(
+        uri, out, format=fmt, version=version, endpoint_url=endpoint_url, verify=verify
+    )
+    click.echo(report.to_text())
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--delete", is_flag=True, help="Delete (default: only list) what gc finds.")
+@click.option(
+    "--keep-versions",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Retain only the newest K versions (plus pinned ones and the newest complete one); "
+    "default: retain every version.",
+)
 @click.option(
     "--min-age-hours",
     type=float,
     default=1.0,
     show_default=True,
-    help="Keep unreferenced files younger than this: a writer may be about to commit them.",
+    help="Also keep unreferenced files younger than this (for writers outside a write session).",
 )
 @ENDPOINT_OPTION
-def gc(uri: str, delete: bool, min_age_hours: float, endpoint_url: str | None) -> None:
-    """List (or delete) files that no manifest names."""
+def gc(
+    uri: str,
+    delete: bool,
+    keep_versions: int | None,
+    min_age_hours: float,
+    endpoint_url: str | None,
+) -> None:
+    """List (or delete) what no retained version names and no live writer may commit.
+
+    Files a live write session may still commit are kept whatever their age;
+    stale multipart uploads are aborted; with --keep-versions, the roots of
+    older unpinned versions go, and the files only they named.
+    """
     from pipeline.shards.tools import gc_dataset
 
     report = gc_dataset(
-        uri, delete=delete, min_age_s=min_age_hours * 3600, endpoint_url=endpoint_url
+        uri,
+        delete=delete,
+        keep_versions=keep_versions,
+        min_age_s=min_age_hours * 3600,
+        endpoint_url=endpoint_url,
     )
     click.echo(report.to_text())
 

@@ -1,20 +1,24 @@
 """The regeneration stage: corpus -> work units -> replicas -> shards -> committed versions.
 
-`plan` reads the corpus and cuts it into deterministic units; the driver
-skips the units the dataset's latest version already holds (resume is a
-listing, `DatasetSink.on_write_start`) and feeds the rest to a pool of replica
+`_start` takes the dataset's writer lease and plans against its latest
+version (regenerate/refresh.py): units hold only the samples no version has
+yet, so a rerun has nothing to do and a grown corpus adds units of new
+conversations only. The driver feeds the units to a pool of replica
 actors, as many units each as it asks for to keep its engine full
 (`feeder.py`: requests from all of them share the engine). Each actor
 regenerates its units and writes their shards itself; only a shard's small
 `ShardInfo` comes back, and the sink publishes finished units in batches as
-new versions (exactly once: a unit's shard name derives from its inputs, and
-a version appears only through a create-only manifest put).
+new versions (exactly once per sample: the commit refuses a version that
+would list a sample id twice, and a version appears only through a
+create-only manifest put).
 
 Faults (`scheduler.py`): a replica that dies is restarted by Ray and its
 units go back in the queue, preferring another replica; a hung engine is
 killed and restarted; transient errors are retried with backoff, up to
 `max_unit_attempts`; deterministic ones fail their unit at once. A driver
-crash loses only uncommitted units, which the next run redoes.
+crash loses only uncommitted units, which the next run redoes; each attempt
+writes a file of its own (attempt-unique, create-only names), and the files
+no version names are gc's.
 
 `run_local` runs the same plan, feeder, unit jobs and sink in this process
 on one backend, without Ray (the toy reference shards and tests use it).
@@ -57,53 +61,111 @@ class RunPlan:
 
 
 def plan(config: PipelineConfig) -> RunPlan:
-    """The corpus, the provenance and the work units of a config; no Ray, no engine."""
+    """The whole corpus as units of a new lineage (no dataset read, no Ray, no engine).
+
+    The run itself plans against the dataset (`_start`, regenerate/refresh.py).
+    """
     from pipeline.corpus.ingest import load_corpus
     from pipeline.regenerate.provenance import build_provenance, corpus_version, run_identity
     from pipeline.regenerate.units import num_buckets_for, plan_units, run_fingerprint
 
+    cfg = config.regenerate
     corpus = load_corpus(config.corpus)
     provenance = build_provenance(config, corpus_version(corpus.conversations))
-    fingerprint = run_fingerprint(run_identity(provenance, config.regenerate.min_answer_tokens))
-    buckets = config.regenerate.num_buckets or num_buckets_for(
-        len(corpus.conversations), config.regenerate.conversations_per_unit
+    fingerprint = run_fingerprint(run_identity(provenance, cfg.min_answer_tokens))
+    buckets = cfg.num_buckets or num_buckets_for(
+        len(corpus.conversations), cfg.conversations_per_unit
     )
-    return RunPlan(corpus, provenance, plan_units(corpus.conversations, buckets, fingerprint))
+    units = plan_units(
+        corpus.conversations,
+        buckets,
+        fingerprint,
+        conversations_per_unit=cfg.conversations_per_unit,
+    )
+    return RunPlan(corpus, provenance, units)
 
 
-def _start(config: PipelineConfig) -> tuple[RunPlan, DatasetSink, RunSummary, list[WorkUnit]]:
-    """Plan, open the sink, record ingestion errors; the units still to do."""
+def _start(
+    config: PipelineConfig, *, refresh: bool = False, lease_wait_s: float = 0.0
+) -> tuple[RunPlan, DatasetSink, RunSummary, list[WorkUnit]]:
+    """Take the writer lease, plan against the latest version, open the sink; the units to do.
+
+    Planning is per sample (regenerate/refresh.py): units hold only samples no
+    version has yet (`refresh`: also changed ones; removed ones are tombstoned).
+    """
+    from pipeline.regenerate.refresh import plan_against
+    from pipeline.shards.lease import WriteSession
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.sink import DatasetSink
 
-    run = plan(config)
-    if not run.corpus.conversations:
-        raise RegenerateError(
-            f"the corpus has no usable conversation ({run.corpus.stats.rows} rows read, "
-            f"{len(run.corpus.errors)} error records, by reason "
-            f"{dict(run.corpus.stats.errors_by_reason)}): nothing to regenerate"
-        )
     dataset = Dataset.open(config.output.uri, endpoint_url=config.output.endpoint_url)
+    mode = "refresh" if refresh else "regenerate"
+    session = WriteSession(dataset, owner=f"{config.name} {mode}").start(wait_s=lease_wait_s)
+    try:
+        planned = plan_against(config, dataset, refresh=refresh)
+        if not planned.corpus.conversations:
+            raise RegenerateError(
+                f"the corpus has no usable conversation ({planned.corpus.stats.rows} rows read, "
+                f"{len(planned.corpus.errors)} error records, by reason "
+                f"{dict(planned.corpus.stats.errors_by_reason)}): nothing to regenerate"
+            )
+    except BaseException:
+        session.close()
+        raise
+    if planned.note:
+        log.warning("%s", planned.note)  # before any engine starts
+    run = RunPlan(planned.corpus, planned.provenance, planned.units)
     sink = DatasetSink(
         dataset,
         run.provenance,
         commit_every_units=config.regenerate.commit_every_units,
         commit_every_seconds=config.regenerate.commit_every_seconds,
+        session=session,
+        turns=config.regenerate.turns,
+        replaced=planned.diff.replaced,
+        tombstones=planned.diff.tombstones,
+        new_lineage=planned.new_lineage,
+        num_buckets=planned.num_buckets,
     )
-    done = sink.on_write_start()
-    summary = RunSummary(dataset.uri, version=sink.version, units_total=len(run.units))
+    sink.on_write_start()
+    sink.expected = {u.unit_id for u in run.units}
+    todo = list(run.units)
+    summary = RunSummary(
+        dataset.uri,
+        version=sink.version,
+        units_total=len(todo) + planned.num_committed_shards,
+    )
+    summary.units_skipped = planned.num_committed_shards
     summary.errors_by_reason.update(e.reason for e in run.corpus.errors)
     dataset.write_errors(f"ingest-{run.provenance.corpus_version}", run.corpus.errors)
-    todo = [u for u in run.units if u.unit_id not in done]
-    summary.units_skipped = len(run.units) - len(todo)
     log.info(
         "plan %s",
-        kv(units=len(run.units), already_committed=summary.units_skipped, to_do=len(todo)),
+        kv(
+            mode=mode,
+            version=planned.parent_version,
+            samples=planned.diff.line(),
+            units=len(todo),
+            already_committed_shards=planned.num_committed_shards,
+        ),
     )
+    if not refresh and (planned.diff.changed or planned.diff.removed):
+        log.warning(
+            "%d changed and %d removed samples are left as they are; `refresh` applies them",
+            len(planned.diff.changed),
+            len(planned.diff.removed),
+        )
+    if not todo:  # nothing to regenerate; tombstones or a new lineage still commit
+        summary.version = sink.on_write_complete()
     return run, sink, summary, todo
 
 
-def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSummary:
+def run_local(
+    config: PipelineConfig,
+    *,
+    show_progress: bool = False,
+    refresh: bool = False,
+    lease_wait_s: float = 0.0,
+) -> RunSummary:
     """The whole stage in this process on one backend (no Ray); resumable like `run_regenerate`."""
     from transformers import AutoTokenizer
 
@@ -113,7 +175,7 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
     from pipeline.targets.resolve import resolve_model
 
     started = time.monotonic()
-    run, sink, summary, todo = _start(config)
+    run, sink, summary, todo = _start(config, refresh=refresh, lease_wait_s=lease_wait_s)
     if todo:
         spec = UnitSpec.from_config(config, run.provenance)
         backend = load_target(config.target, capture=True)
@@ -128,7 +190,7 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
             futures = {feeder.submit_unit(unit, spec): unit for unit in todo}
             for future in as_completed(futures):
                 result = future.result()
-                sink.on_unit_written(result.shard)
+                sink.on_unit_written(result.shard, futures[future])
                 summary.add(result)
                 progress.update(futures[future].num_answers, result)
         except BaseException as err:
@@ -145,28 +207,38 @@ def run_local(config: PipelineConfig, *, show_progress: bool = False) -> RunSumm
 
 
 def run_regenerate(
-    config: PipelineConfig, *, show_progress: bool = True, summary_json: str | Path | None = None
+    config: PipelineConfig,
+    *,
+    show_progress: bool = True,
+    summary_json: str | Path | None = None,
+    refresh: bool = False,
+    lease_wait_s: float = 0.0,
 ) -> RunSummary:
     """Regenerate the configured corpus into the configured dataset on Ray; resumable.
 
     `summary_json`: also write the summary there (written even when units
-    failed, before the error is raised).
+    failed, before the error is raised). `refresh`: also regenerate changed
+    samples and tombstone removed ones (regenerate/refresh.py).
     """
     from pipeline.regenerate.pool import close_replicas, init_ray, start_replicas
 
     started = time.monotonic()
-    run, sink, summary, todo = _start(config)
+    run, sink, summary, todo = _start(config, refresh=refresh, lease_wait_s=lease_wait_s)
     if not todo:
         summary.seconds = time.monotonic() - started
         if summary_json is not None:
             summary.write_json(summary_json)
         return summary
     spec = UnitSpec.from_config(config, run.provenance)
-    init_ray(config.ray)
-    engines = time.monotonic()
-    actors, ready = start_replicas(
-        config.target, config.replicas, config.regenerate, replica_name_prefix(config)
-    )
+    try:  # a failed start still releases the writer lease and the dataset's session
+        init_ray(config.ray)
+        engines = time.monotonic()
+        actors, ready = start_replicas(
+            config.target, config.replicas, config.regenerate, replica_name_prefix(config)
+        )
+    except BaseException as err:
+        sink.on_write_failed(err)
+        raise
     summary.engine_start_seconds = time.monotonic() - engines
     log.info(
         "replicas ready %s",
@@ -193,7 +265,7 @@ def run_regenerate(
     )
 
     def on_done(unit: WorkUnit, result: UnitResult) -> None:
-        sink.on_unit_written(result.shard)
+        sink.on_unit_written(result.shard, unit)
         summary.add(result)
         progress.update(unit.num_answers, result)
 

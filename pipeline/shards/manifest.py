@@ -2,25 +2,32 @@
 
 Layout of a dataset root (local directory or s3://bucket/prefix):
 
-    shards/<unit_id>.parquet     immutable data files, one per work unit
-    manifests/v000001.json       one manifest per version: every shard with rows,
-    manifests/v000002.json       tokens, bytes and sha256 (schemas/manifest.schema.json)
-    _latest                      {"version": N}: pointer to the newest version
-    errors/<unit_id>.jsonl       rows a run could not use, with the reason (no manifest names them)
+    shards/<unit>.<attempt>.parquet   immutable data files, written create-only
+    index/<unit>.<attempt>.json       per-shard sample index: ids + input hashes (sidecar.py)
+    manifests/v000001.json            one root per version (create-only, never modified)
+    manifests/segments/*.json         immutable lists of shard entries the roots name (segments.py)
+    _latest                           {"version": N}: pointer to the newest version
+    _lease, _sessions/, _pins/        writer lease, live write sessions, reader pins (lease.py)
+    README.md                         the dataset card, rewritten at every commit (card.py)
+    errors/<name>.jsonl               rows a run could not use, with the reason (no manifest names them)
 
 Protocol (the Delta/Iceberg/Lance pattern, DESIGN.md §5):
 
-1. Writers put shards; a shard not named by a manifest does not exist for readers.
-2. A commit reads the parent version, builds the next manifest and publishes it
-   with a create-only put. That put is the commit point: of two committers
-   racing for the same version exactly one wins, the other gets `CommitConflict`
-   and has published nothing.
+1. Writers put shards create-only; a shard no manifest names does not exist for readers.
+2. A commit (commit.py) reads the parent version, checks the new shards at the
+   sample level (a version never lists a sample id twice; every shard has the
+   lineage's provenance), writes their sidecars and one delta segment, and
+   publishes the next root with a create-only put. That put is the commit
+   point: of two committers racing for one version exactly one wins, the other
+   gets `CommitConflict` and has published nothing.
 3. `_latest` then moves forward by compare-and-swap. It is a hint: if a
-   committer dies between 2 and 3, readers still find the newer manifest by
+   committer dies between 2 and 3, readers still find the newer root by
    probing the next version numbers, and the next commit repairs the pointer.
 
-Readers list no directories: they resolve `_latest`, read one manifest, and open
-exactly the files it names.
+Readers list no directories: they resolve `_latest`, read one root and its
+segments (a bounded number), and open exactly the files those name, skipping
+the rows a version tombstoned. Roots of manifest format 1 (every shard listed
+in the root) still read; commits on top of them write format 2.
 """
 
 from __future__ import annotations
@@ -28,20 +35,50 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.shards.model import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    CommitConflict,
+    DatasetError,
+    DuplicateSampleError,
+    ImmutableShardError,
+    Lineage,
+    LineageMismatch,
+    Manifest,
+    ShardEntry,
+    manifest_from_root,
+    parse_root,
+)
 from pipeline.shards.schema import Provenance
+from pipeline.shards.segments import Segment, apply
+from pipeline.shards.sidecar import SampleIndex, index_from_parquet
 from pipeline.shards.writer import ShardInfo, ShardWriter
-from pipeline.storage import AlreadyExists, PreconditionFailed, Storage, open_storage
+from pipeline.storage import PreconditionFailed, Storage, open_storage
+
+__all__ = [
+    "LATEST_KEY",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "CommitConflict",
+    "Dataset",
+    "DatasetError",
+    "DuplicateSampleError",
+    "ImmutableShardError",
+    "Lineage",
+    "LineageMismatch",
+    "Manifest",
+    "ShardEntry",
+    "manifest_key",
+]
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = "dspark-targets.manifest"
-MANIFEST_VERSION = 1
 MANIFEST_PREFIX = "manifests/"
 LATEST_KEY = "_latest"
 ERRORS_PREFIX = "errors/"
@@ -49,142 +86,42 @@ _MANIFEST_NAME = re.compile(r"manifests/v(\d{6,})\.json")
 _LATEST = object()  # sentinel: commit on top of whatever version is newest
 
 
-class DatasetError(ValueError):
-    """A dataset, version or manifest is missing or invalid; the message names it."""
-
-
-class CommitConflict(RuntimeError):
-    """Another committer published the version this commit was going to publish."""
-
-
-class ImmutableShardError(ValueError):
-    """A commit tried to change a shard that an earlier version already names."""
-
-
 def manifest_key(version: int) -> str:
     return f"{MANIFEST_PREFIX}v{version:06d}.json"
 
 
-@dataclass(frozen=True)
-class ShardEntry:
-    """One shard as a manifest lists it."""
+class _Lru(OrderedDict):
+    """A small least-recently-used cache of immutable objects (roots, segments, indexes)."""
 
-    path: str  # key relative to the dataset root
-    unit_id: str
-    rows: int
-    tokens: int
-    bytes: int
-    sha256: str
-    codec: str
-    schema_version: int
-    identity: str  # Provenance.identity_key() of the shard's data
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
 
-    @classmethod
-    def from_info(cls, info: ShardInfo) -> ShardEntry:
-        return cls(
-            path=info.path,
-            unit_id=info.unit_id,
-            rows=info.rows,
-            tokens=info.tokens,
-            bytes=info.bytes,
-            sha256=info.sha256,
-            codec=info.codec,
-            schema_version=info.schema_version,
-            identity=info.provenance.identity_key(),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """One committed dataset version."""
-
-    version: int
-    parent_version: int | None
-    created_at: str  # ISO 8601, UTC
-    provenance: Provenance
-    shards: tuple[ShardEntry, ...]
-    schema_version: int = field(default=1)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(s.rows for s in self.shards)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.tokens for s in self.shards)
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
-
-    def shard(self, path: str) -> ShardEntry:
-        for entry in self.shards:
-            if entry.path == path:
-                return entry
-        raise DatasetError(f"version {self.version} has no shard {path!r}")
-
-    def to_json(self) -> str:
-        body = {
-            "format": MANIFEST_FORMAT,
-            "manifest_version": MANIFEST_VERSION,
-            "version": self.version,
-            "parent_version": self.parent_version,
-            "created_at": self.created_at,
-            "schema_version": self.schema_version,
-            "provenance": self.provenance.to_dict(),
-            "totals": {
-                "shards": len(self.shards),
-                "rows": self.num_rows,
-                "tokens": self.num_tokens,
-                "bytes": self.num_bytes,
-            },
-            "shards": [s.to_dict() for s in self.shards],
-        }
-        return json.dumps(body, indent=1, sort_keys=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str | bytes, where: str) -> Manifest:
-        try:
-            body = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DatasetError(f"{where}: manifest is not valid JSON ({err})") from None
-        if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
-            raise DatasetError(
-                f"{where}: not a dspark-targets manifest (format != {MANIFEST_FORMAT!r})"
-            )
-        if body.get("manifest_version") != MANIFEST_VERSION:
-            raise DatasetError(
-                f"{where}: manifest_version {body.get('manifest_version')!r} is not supported "
-                f"(this code reads {MANIFEST_VERSION})"
-            )
-        try:
-            shards = tuple(ShardEntry(**entry) for entry in body["shards"])
-            manifest = cls(
-                version=int(body["version"]),
-                parent_version=body["parent_version"],
-                created_at=str(body["created_at"]),
-                provenance=Provenance.from_dict(body["provenance"], f"{where} provenance"),
-                shards=shards,
-                schema_version=int(body["schema_version"]),
-            )
-        except (KeyError, TypeError) as err:
-            raise DatasetError(
-                f"{where}: malformed manifest ({type(err).__name__}: {err})"
-            ) from None
-        totals = body.get("totals", {})
-        if totals.get("rows") != manifest.num_rows or totals.get("bytes") != manifest.num_bytes:
-            raise DatasetError(f"{where}: totals do not match the shard list")
-        return manifest
+    def get_or(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = make()
+        self[key] = value
+        if len(self) > self.size:
+            self.popitem(last=False)
+        return value
 
 
 class Dataset:
-    """A versioned dataset of shards at one root; see the module docstring."""
+    """A versioned dataset of shards at one root; see the module docstring.
+
+    Versions, segments and sample indexes are immutable, so a Dataset caches
+    them: a process that commits repeatedly (the sink) reads its parent
+    version once, and each commit after that reads only what it adds.
+    """
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
+        self._lock = threading.Lock()
+        self._manifests = _Lru(4)
+        self._segments = _Lru(512)
+        self._indexes = _Lru(200_000)
 
     @classmethod
     def open(cls, uri: str | Path, *, endpoint_url: str | None = None) -> Dataset:
@@ -216,14 +153,14 @@ class Dataset:
         """Newest committed version, or None for an empty dataset."""
         pointer = self._read_latest_pointer()
         version = pointer[0] if pointer else 0
-        # The pointer may lag behind a committed manifest (committer died before
-        # moving it): probe forward. Manifests are never deleted, so no gaps.
+        # The pointer may lag behind a committed root (committer died before
+        # moving it): probe forward. Roots are only ever added after the newest.
         while self.storage.exists(manifest_key(version + 1)):
             version += 1
         return version or None
 
     def versions(self) -> list[int]:
-        """Every committed version (lists the manifests folder; for tools, not readers)."""
+        """Every version whose root exists (lists the manifests folder; for tools, not readers)."""
         found = []
         for obj in self.storage.list(MANIFEST_PREFIX):
             match = _MANIFEST_NAME.fullmatch(obj.key)
@@ -232,11 +169,15 @@ class Dataset:
         return sorted(found)
 
     def manifest(self, version: int | None = None) -> Manifest:
-        """The manifest of `version` (default: the latest)."""
+        """The resolved manifest of `version` (default: the latest)."""
         if version is None:
             version = self.latest_version()
             if version is None:
                 raise DatasetError(f"{self.uri}: no committed version (empty or not a dataset)")
+        with self._lock:
+            cached = self._manifests.get(version)
+        if cached is not None:
+            return cached
         key = manifest_key(version)
         try:
             data = self.storage.read_bytes(key)
@@ -244,16 +185,114 @@ class Dataset:
             raise DatasetError(
                 f"{self.uri}: version {version} does not exist ({key} not found)"
             ) from None
-        manifest = Manifest.from_json(data, self.storage.url(key))
-        if manifest.version != version:
-            raise DatasetError(f"{self.storage.url(key)}: says it is version {manifest.version}")
+        root = parse_root(data, self.storage.url(key))
+        if root.version != version:
+            raise DatasetError(f"{self.storage.url(key)}: says it is version {root.version}")
+        if root.manifest_version == 1:
+            manifest = manifest_from_root(root)
+        else:
+            entries = apply(self.segment(ref) for ref in root.segments)
+            manifest = manifest_from_root(root, entries)
+        self.remember(manifest)
         return manifest
 
+    def remember(self, manifest: Manifest) -> None:
+        """Cache a version this process resolved or built (versions never change)."""
+        with self._lock:
+            self._manifests.get_or(manifest.version, lambda: manifest)
+
+    def _cached(self, cache: _Lru, key: Any, load: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        value = load()  # outside the lock: a storage read
+        with self._lock:
+            return cache.get_or(key, lambda: value)
+
+    def segment(self, ref) -> Segment:
+        """A segment named by a root, checked against the root's sha256."""
+
+        def load() -> Segment:
+            import hashlib
+
+            url = self.storage.url(ref.key)
+            try:
+                data = self.storage.read_bytes(ref.key)
+            except FileNotFoundError:
+                raise DatasetError(f"{url}: segment is missing") from None
+            if hashlib.sha256(data).hexdigest() != ref.sha256:
+                raise DatasetError(f"{url}: segment does not match its sha256 in the root")
+            return Segment.from_bytes(data, url)
+
+        return self._cached(self._segments, ref.key, load)
+
+    def cache_segment(self, key: str, segment: Segment) -> None:
+        with self._lock:
+            self._segments.get_or(key, lambda: segment)
+
+    def sample_index(self, entry: ShardEntry) -> SampleIndex:
+        """Members of a committed shard: its sidecar, or (format-1 shards) its id columns."""
+
+        def load() -> SampleIndex:
+            if entry.sidecar is None:
+                return index_from_parquet(self.storage, entry.path, entry.sha256)
+            url = self.storage.url(entry.sidecar)
+            try:
+                index = SampleIndex.from_json(self.storage.read_bytes(entry.sidecar), url)
+            except FileNotFoundError:
+                raise DatasetError(f"{url}: sample index of {entry.path} is missing") from None
+            if index.shard != entry.path or index.sha256 != entry.sha256:
+                raise DatasetError(f"{url}: describes another file than {entry.path}")
+            return index
+
+        return self._cached(self._indexes, entry.path, load)
+
+    def sample_indexes(
+        self, entries: Iterable[ShardEntry], *, num_threads: int = 16
+    ) -> dict[str, SampleIndex]:
+        """`sample_index` of many shards, read in parallel (planning reads every shard's)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        entries = list(entries)
+        if len(entries) <= 1:
+            return {e.path: self.sample_index(e) for e in entries}
+        with ThreadPoolExecutor(min(num_threads, len(entries))) as pool:
+            indexes = list(pool.map(self.sample_index, entries))
+        return {e.path: ix for e, ix in zip(entries, indexes, strict=True)}
+
+    def cache_index(self, index: SampleIndex) -> None:
+        with self._lock:
+            self._indexes.get_or(index.shard, lambda: index)
+
+    def live_members(self, version: int | None = None) -> dict[str, tuple[str, str]]:
+        """sample id -> (shard path, input hash) of every live member of a version."""
+        manifest = self.manifest(version)
+        out: dict[str, tuple[str, str]] = {}
+        for path, index in self.sample_indexes(manifest.shards).items():
+            dropped = set(manifest.entries[path].dropped)
+            for sid, ihash in index.members():
+                if sid not in dropped:
+                    out[sid] = (path, ihash)
+        return out
+
     def committed_units(self, version: int | None = None) -> set[str]:
-        """Unit ids in a version (resume: these units are done)."""
+        """Unit ids in a version (for tools; planning works on sample ids, see units.py)."""
         if self.latest_version() is None:
             return set()
         return {s.unit_id for s in self.manifest(version).shards}
+
+    def pin(self, version: int, name: str, *, owner: str = "", ttl_s: float | None = None) -> str:
+        """Keep `version` from gc under `name` (lease.py); the pin's key."""
+        from pipeline.shards.lease import pin_version
+
+        self.manifest(version)  # it must exist
+        return pin_version(self, version, name, owner=owner, ttl_s=ttl_s)
+
+    def unpin(self, name: str) -> None:
+        from pipeline.shards.lease import unpin_version
+
+        unpin_version(self, name)
 
     def shard_url(self, entry: ShardEntry | str) -> str:
         return self.storage.url(entry if isinstance(entry, str) else entry.path)
@@ -282,95 +321,51 @@ class Dataset:
         self,
         shards: Sequence[ShardInfo],
         *,
+        drop: Mapping[str, Iterable[str]] | None = None,
         remove: Sequence[str] = (),
         parent_version: int | None | object = _LATEST,
         provenance: Provenance | None = None,
+        new_lineage: bool = False,
+        num_buckets: int | None = None,
+        fence: Callable[[], None] | None = None,
+        complete: bool = False,
+        session: str | None = None,
     ) -> Manifest:
-        """Publish the next version: the parent's shards - `remove` + `shards`.
+        """Publish the next version: the parent's shards - `remove` + `shards`, minus `drop`.
 
-        `parent_version` defaults to the newest version; pass an int (or None
-        for "the dataset must be empty") to commit on top of a version you
-        planned against. Raises CommitConflict if that version's successor was
-        published meanwhile, ImmutableShardError if a shard path already in the
-        parent would change, DatasetError if a shard file is missing or its size
-        differs from what the writer recorded.
+        `drop` maps a live shard's path to sample ids tombstoned in it (the rows
+        stay in the file and readers skip them). `parent_version` defaults to the
+        newest version; pass an int (or None for "the dataset must be empty") to
+        commit on top of a version you planned against. `new_lineage` starts a
+        new lineage (nothing of the parent is carried); `num_buckets` fixes a
+        new lineage's bucket space. `fence` is called just before the commit
+        point and raises if this committer may no longer publish (a lost lease).
+
+        Raises CommitConflict if the parent's successor was published meanwhile;
+        DuplicateSampleError if the version would list a sample id twice;
+        LineageMismatch if a shard's provenance differs from the lineage's;
+        ImmutableShardError if a path in the parent would change; DatasetError
+        if a shard file is missing or its size differs from what the writer wrote.
         """
+        from pipeline.shards.commit import commit
+
         if parent_version is _LATEST:
             parent_version = self.latest_version()
-        parent = self.manifest(parent_version) if parent_version is not None else None
-        entries: dict[str, ShardEntry] = {e.path: e for e in parent.shards} if parent else {}
-        for path in remove:
-            if entries.pop(path, None) is None:
-                raise DatasetError(
-                    f"cannot remove {path!r}: version {parent_version} does not name it"
-                )
-        for info in shards:
-            new = ShardEntry.from_info(info)
-            old = entries.get(new.path)
-            if old is not None and old.sha256 != new.sha256:
-                raise ImmutableShardError(
-                    f"{self.shard_url(new.path)} is committed in version {parent_version} with "
-                    f"sha256 {old.sha256[:12]}..., the new file has {new.sha256[:12]}...: committed "
-                    "data files are immutable (derive unit ids from the unit's inputs, or remove "
-                    "the old shard in an earlier commit)"
-                )
-            self._check_written(info)
-            entries[new.path] = new
-        prov = provenance or (
-            shards[-1].provenance if shards else parent.provenance if parent else None
+        return commit(
+            self,
+            list(shards),
+            drop={p: set(ids) for p, ids in (drop or {}).items()},
+            remove=list(remove),
+            parent_version=parent_version,  # type: ignore[arg-type]
+            provenance=provenance,
+            new_lineage=new_lineage,
+            num_buckets=num_buckets,
+            fence=fence,
+            complete=complete,
+            session=session,
         )
-        if prov is None:
-            raise ValueError("commit of an empty first version needs `provenance`")
-        identity = prov.identity_key()
-        mixed = sorted(e.path for e in entries.values() if e.identity != identity)
-        if mixed:
-            raise DatasetError(
-                f"{self.uri}: shards {mixed[:5]} come from a different target, tokenizer or "
-                "layer set than this commit's provenance; a version holds one kind of target "
-                "(remove them in this commit or start a new dataset)"
-            )
-        version = (parent_version or 0) + 1
-        manifest = Manifest(
-            version=version,
-            parent_version=parent_version,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            provenance=prov,
-            shards=tuple(sorted(entries.values(), key=lambda e: e.path)),
-            schema_version=max((e.schema_version for e in entries.values()), default=1),
-        )
-        try:
-            self.storage.put_if_absent(manifest_key(version), manifest.to_json().encode())
-        except AlreadyExists:
-            raise CommitConflict(
-                f"{self.uri}: version {version} was committed by another writer while this "
-                f"commit was based on version {parent_version}; this commit published nothing "
-                "(re-read the latest version and commit again)"
-            ) from None
-        log.info(
-            "committed version=%d shards=%d rows=%d tokens=%d uri=%s",
-            version,
-            len(manifest.shards),
-            manifest.num_rows,
-            manifest.num_tokens,
-            self.uri,
-        )
-        self._advance_latest(version)
-        return manifest
 
-    def _check_written(self, info: ShardInfo) -> None:
-        try:
-            found = self.storage.info(info.path).size
-        except FileNotFoundError:
-            raise DatasetError(
-                f"cannot commit {self.shard_url(info.path)}: file not found"
-            ) from None
-        if found != info.bytes:
-            raise DatasetError(
-                f"cannot commit {self.shard_url(info.path)}: {found} bytes on storage, the "
-                f"writer wrote {info.bytes} (overwritten by another writer of the same unit?)"
-            )
-
-    def _advance_latest(self, version: int, num_attempts: int = 20) -> None:
+    def advance_latest(self, version: int, num_attempts: int = 20) -> None:
         """Move `_latest` forward to `version` (never backward) by compare-and-swap."""
         body = json.dumps({"version": version}).encode()
         for _ in range(num_attempts):

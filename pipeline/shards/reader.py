@@ -8,11 +8,31 @@ bounded queue, so storage latency and zstd decoding overlap with training.
 Shards are split across `rank`/`world_size` for data-parallel training.
 
 The files are plain Parquet: `parquet_files()` gives the list to hand to
-`datasets.load_dataset("parquet", data_files=...)`, pyarrow or DuckDB.
+`datasets.load_dataset("parquet", data_files=...)`, pyarrow or DuckDB (rows a
+version tombstoned are listed per shard, `ShardEntry.dropped`: skip them).
+
+Options for downstream repos:
+
+* `version=N` pins a version: its files never change (written create-only),
+  so the reader sees the same bytes after N+1 is published; `pin="name"`
+  also records a pin so `gc` keeps N's files.
+* `verify=True` re-hashes every shard against the manifest's sha256 before
+  reading it (one more sequential read of the file).
+* `follow=True` starts on the given (default: the newest) version, waiting
+  for the first one if none is committed yet, and when it has read those
+  shards picks up the shards of every newer version of the lineage as they
+  land, until no writer holds the dataset's lease (the regeneration ended) or
+  `follow_timeout_s` passes without a new version. So training can start
+  while regeneration still runs. Shards go to ranks by a hash of their path.
+  A follower never takes back a row it has yielded: rows a later version
+  tombstones (a refresh's changed samples) may appear in both forms.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +48,9 @@ from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
 from pipeline.shards.schema import ShardMeta, read_shard_meta
 
 _KEY_COLUMNS = ["sample_id", "domain"]
+_HASH_CHUNK = 8 << 20
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,7 +123,7 @@ def decode_rows(table: pa.Table, where: str) -> Iterator[TrainingSample]:
 
 
 class ShardReader:
-    """Iterate one version of a dataset; see the module docstring.
+    """Iterate one version of a dataset (or follow its new versions); see the module docstring.
 
     `domains` keeps only rows of those domains; `rank`/`world_size` keep every
     world_size-th shard starting at rank; `prefetch` is how many decoded
@@ -117,19 +140,64 @@ class ShardReader:
         world_size: int = 1,
         prefetch: int = 4,
         endpoint_url: str | None = None,
+        verify: bool = False,
+        follow: bool = False,
+        poll_s: float = 5.0,
+        follow_timeout_s: float | None = None,
+        pin: str | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be positive, got {poll_s}")
         if not isinstance(dataset, Dataset):
             dataset = Dataset.open(dataset, endpoint_url=endpoint_url)
         self.dataset = dataset
+        self.verify = verify
+        self.follow = follow
+        self.poll_s = poll_s
+        self.follow_timeout_s = follow_timeout_s
+        self.rank, self.world_size = rank, world_size
+        if follow and version is None:
+            version = self._wait_for_first_version()
         self.manifest: Manifest = dataset.manifest(version)
+        if pin is not None:
+            dataset.pin(self.manifest.version, pin)
         self.domains = frozenset(domains) if domains is not None else None
-        self.shards = self.manifest.shards[rank::world_size]
+        if follow:
+            self.shards = tuple(e for e in self.manifest.shards if self._mine(e))
+        else:
+            self.shards = self.manifest.shards[rank::world_size]
         self.prefetch = prefetch
         self._index: dict[str, tuple[ShardEntry, int]] | None = None
+
+    def _mine(self, entry: ShardEntry) -> bool:
+        """Follow mode: a stable rank for every shard, old or new (a hash of its path)."""
+        digest = hashlib.sha256(entry.path.encode()).digest()
+        return int.from_bytes(digest[:8], "big") % self.world_size == self.rank
+
+    def _writer_running(self) -> bool:
+        from pipeline.shards.lease import lease_holder
+
+        return lease_holder(self.dataset) is not None
+
+    def _wait_for_first_version(self) -> int:
+        started = time.monotonic()
+        while True:
+            latest = self.dataset.latest_version()
+            if latest is not None:
+                return latest
+            timed_out = (
+                self.follow_timeout_s is not None
+                and time.monotonic() - started > self.follow_timeout_s
+            )
+            if timed_out or not self._writer_running():
+                raise DatasetError(
+                    f"{self.dataset.uri}: no committed version, and no writer is running"
+                )
+            time.sleep(self.poll_s)
 
     @property
     def version(self) -> int:
@@ -145,8 +213,8 @@ class ShardReader:
         return filesystem, [f"{base}/{e.path}" for e in self.manifest.shards]
 
     def __len__(self) -> int:
-        """Rows in this rank's shards (before the domain filter)."""
-        return sum(e.rows for e in self.shards)
+        """Live rows in this rank's shards (before the domain filter)."""
+        return sum(e.live_rows for e in self.shards)
 
     def __iter__(self) -> Iterator[TrainingSample]:
         if self.prefetch == 0:
@@ -155,14 +223,69 @@ class ShardReader:
         yield from prefetched(self._produce(), self.prefetch, name="shard-prefetch")
 
     def _produce(self) -> Iterator[TrainingSample]:
-        for entry in self.shards:
-            yield from self._read_shard(entry)
+        if not self.follow:
+            for entry in self.shards:
+                yield from self._read_shard(entry)
+            return
+        seen: set[str] = set()
+        manifest = self.manifest
+        while True:
+            for entry in manifest.shards:
+                if entry.path not in seen and self._mine(entry):
+                    seen.add(entry.path)
+                    yield from self._read_shard(entry)
+            nxt = self._next_version(manifest)
+            if nxt is None:
+                return
+            manifest = self.manifest = nxt
+
+    def _next_version(self, current: Manifest) -> Manifest | None:
+        """The next newer version of the lineage; None when no more will come."""
+        idle = time.monotonic()
+        while True:
+            latest = self.dataset.latest_version()
+            if latest is not None and latest > current.version:
+                nxt = self.dataset.manifest(latest)
+                if nxt.lineage is not None and current.lineage is not None:
+                    if nxt.lineage.id != current.lineage.id:
+                        log.warning(
+                            "version %d starts a new lineage (%s): a follower of lineage %s stops",
+                            latest,
+                            nxt.lineage.id,
+                            current.lineage.id,
+                        )
+                        return None
+                return nxt
+            if not self._writer_running():
+                return None  # nobody is writing: nothing more will come
+            if (
+                self.follow_timeout_s is not None
+                and time.monotonic() - idle > self.follow_timeout_s
+            ):
+                return None
+            time.sleep(self.poll_s)
+
+    def _verify_bytes(self, entry: ShardEntry) -> None:
+        digest, size = hashlib.sha256(), 0
+        with self.dataset.storage.open_read(entry.path) as fh:
+            while chunk := fh.read(_HASH_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        if digest.hexdigest() != entry.sha256 or size != entry.bytes:
+            raise DatasetError(
+                f"{self.dataset.shard_url(entry)}: sha256 {digest.hexdigest()[:16]}... "
+                f"({size} bytes) does not match the manifest's {entry.sha256[:16]}... "
+                f"({entry.bytes} bytes): the file is corrupt"
+            )
 
     def _read_shard(
         self, entry: ShardEntry, sample_id: str | None = None
     ) -> Iterator[TrainingSample]:
+        if self.verify:
+            self._verify_bytes(entry)
         pf, _ = open_shard(self.dataset, entry)
         url = self.dataset.shard_url(entry)
+        dropped = frozenset(entry.dropped)
         with pf:
             for group in range(pf.metadata.num_row_groups):
                 keys = pf.read_row_group(group, columns=_KEY_COLUMNS)
@@ -177,6 +300,7 @@ class ShardReader:
                     )
                     if (self.domains is None or dom in self.domains)
                     and (sample_id is None or sid == sample_id)
+                    and sid not in dropped
                 ]
                 if not keep:
                     continue
@@ -193,8 +317,10 @@ class ShardReader:
                 pf, _ = open_shard(self.dataset, entry)
                 with pf:
                     ids = pf.read(columns=["sample_id"]).column("sample_id").to_pylist()
+                dropped = frozenset(entry.dropped)
                 for row, sid in enumerate(ids):
-                    index[sid] = (entry, row)
+                    if sid not in dropped:
+                        index[sid] = (entry, row)
             self._index = index
         try:
             entry, _ = self._index[sample_id]

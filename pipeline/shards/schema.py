@@ -36,6 +36,12 @@ IDENTITY_FIELDS = (
     "layer_convention",
     "hidden_size",
 )
+# What a dataset lineage fixes: the target identity plus everything else that
+# changes the stored tensors or answers (codec, generation parameters). A
+# version holds shards of one lineage; a refresh that changes any of these
+# starts a new lineage and regenerates everything. Corpus and code versions
+# are left out: a grown corpus or a new commit of this code continues a lineage.
+LINEAGE_FIELDS = (*IDENTITY_FIELDS, "codec", "generation", "last_hidden_state")
 
 
 @dataclass(frozen=True)
@@ -96,10 +102,34 @@ class Provenance:
             raise ValueError(f"{where}: {err}") from None
 
     def identity_key(self) -> str:
-        """Short hash of IDENTITY_FIELDS: equal for shards that may share a version."""
-        ident = {name: self.to_dict()[name] for name in IDENTITY_FIELDS}
-        blob = json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        """Short hash of IDENTITY_FIELDS: the target a shard's tensors come from."""
+        return _fields_key(self, IDENTITY_FIELDS)
+
+    def lineage_key(self) -> str:
+        """Short hash of LINEAGE_FIELDS: equal for shards that may share a dataset lineage."""
+        return _fields_key(self, LINEAGE_FIELDS)
+
+    def lineage_differences(self, other: Provenance) -> list[str]:
+        """`field: ours -> theirs` for every LINEAGE_FIELDS entry that differs."""
+        a, b = self.to_dict(), other.to_dict()
+        out = []
+        for name in LINEAGE_FIELDS:
+            if a[name] == b[name]:
+                continue
+            if isinstance(a[name], dict) and isinstance(b[name], dict):
+                keys = sorted(
+                    k for k in set(a[name]) | set(b[name]) if a[name].get(k) != b[name].get(k)
+                )
+                out += [f"{name}.{k}: {a[name].get(k)!r} -> {b[name].get(k)!r}" for k in keys]
+            else:
+                out.append(f"{name}: {a[name]!r} -> {b[name]!r}")
+        return out
+
+
+def _fields_key(prov: Provenance, names: tuple[str, ...]) -> str:
+    data = prov.to_dict()
+    blob = json.dumps({n: data[n] for n in names}, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """Library side of `dspark-targets inspect | verify | gc`.
 
-* `inspect_dataset`: versions, shards, rows, tokens, bytes per token, codec, provenance.
-* `verify_dataset`: re-hash every shard of a version against its manifest and
-  decode every tensor; the report names each corrupt shard and what is wrong.
-* `gc_dataset`: files under `shards/` (and leftover temp files) that no
-  manifest of any version names. Dry run unless `delete=True`; files younger
-  than `min_age_s` are kept because a writer may be about to commit them.
+* `inspect_dataset`: versions, lineage, shards, rows, tokens, bytes per token, codec, provenance.
+* `verify_dataset`: every file a version names: re-hash every shard against
+  its manifest and decode every tensor, check its provenance against the
+  lineage, its sidecar against its id column, and every segment against the
+  root; the report names each corrupt file and what is wrong.
+* `gc_dataset` (gc.py): retention and garbage, decided from manifests and
+  live write sessions.
 
 Each returns a frozen report with `to_text()`; the CLI only prints it.
 """
@@ -14,12 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass
 
-from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
-from pipeline.shards.writer import SHARD_PREFIX
-from pipeline.storage import ObjectInfo
+from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry, manifest_key
+from pipeline.shards.model import parse_root
 
 _HASH_CHUNK = 8 << 20
 
@@ -45,6 +44,8 @@ class VersionSummary:
     num_rows: int
     num_tokens: int
     num_bytes: int
+    lineage: str = "-"  # lineage id ("-" for manifest format 1)
+    complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,20 +63,39 @@ class InspectReport:
         for v in self.versions:
             lines.append(
                 f"  v{v.version:06d}  {v.created_at}  shards={v.num_shards} rows={v.num_rows} "
-                f"tokens={v.num_tokens} bytes={_mb(v.num_bytes)}"
+                f"tokens={v.num_tokens} bytes={_mb(v.num_bytes)} lineage={v.lineage}"
+                + (" complete" if v.complete else "")
             )
         raw = raw_bf16_bytes_per_token(m)
         lines += [
             "",
-            f"version {m.version} (parent {m.parent_version}), schema v{m.schema_version}:",
+            f"version {m.version} (parent {m.parent_version}), schema v{m.schema_version}, "
+            f"manifest format {m.manifest_version}:",
         ]
+        if m.lineage is not None:
+            lines.append(
+                f"  lineage {m.lineage.id} since version {m.lineage.first_version}, "
+                f"{m.lineage.num_buckets} buckets; {len(m.segments)} segments; latest complete "
+                f"version {m.last_complete_version}"
+            )
+        if m.totals is not None:
+            lines.append(
+                "  samples by domain: "
+                + ", ".join(f"{k}={n}" for k, n in sorted(m.totals.by_domain.items()))
+            )
+            dropped = m.totals.stored_rows - m.totals.rows
+            if dropped:
+                lines.append(
+                    f"  tombstoned rows (kept in their files, skipped by readers): {dropped}"
+                )
         lines.append(
             f"  {'shard':<40} {'rows':>7} {'tokens':>10} {'bytes':>12} {'B/token':>9} codec"
         )
         for e in m.shards:
             bpt = e.bytes / e.tokens if e.tokens else 0.0
+            live = f"{e.live_rows}/{e.rows}" if e.dropped_rows else str(e.rows)
             lines.append(
-                f"  {e.path:<40} {e.rows:>7} {e.tokens:>10} {e.bytes:>12} {bpt:>9.1f} {e.codec}"
+                f"  {e.path:<40} {live:>7} {e.tokens:>10} {e.bytes:>12} {bpt:>9.1f} {e.codec}"
             )
         bpt = m.num_bytes / m.num_tokens if m.num_tokens else 0.0
         lines.append(
@@ -96,10 +116,22 @@ def inspect_dataset(
     if latest is None:
         return InspectReport(dataset.uri, None, (), None)
     summaries = []
-    for v in dataset.versions():
-        m = dataset.manifest(v)
+    for v in dataset.versions():  # from the roots alone: no segment is read
+        key = manifest_key(v)
+        body = parse_root(dataset.storage.read_bytes(key), dataset.storage.url(key)).body
+        t = body.get("totals", {})
+        lineage = body.get("lineage") or {}
         summaries.append(
-            VersionSummary(v, m.created_at, len(m.shards), m.num_rows, m.num_tokens, m.num_bytes)
+            VersionSummary(
+                v,
+                body["created_at"],
+                t.get("shards", 0),
+                t.get("rows", 0),
+                t.get("tokens", 0),
+                t.get("bytes", 0),
+                lineage.get("id", "-"),
+                bool(body.get("commit", {}).get("complete")),
+            )
         )
     return InspectReport(dataset.uri, latest, tuple(summaries), dataset.manifest(version or latest))
 
@@ -120,16 +152,21 @@ class VerifyReport:
     num_shards: int
     num_rows: int
     corrupt: tuple[ShardProblem, ...]
+    problems: tuple[str, ...] = ()  # the version's own files (root, segments)
 
     @property
     def ok(self) -> bool:
-        return not self.corrupt
+        return not self.corrupt and not self.problems
 
     def to_text(self) -> str:
         head = f"{self.uri} version {self.version}: {self.num_shards} shards, {self.num_rows} rows checked"
         if self.ok:
-            return f"{head}: OK (hashes match the manifest, every tensor decodes)"
-        lines = [f"{head}: {len(self.corrupt)} corrupt shard(s)"]
+            return (
+                f"{head}: OK (root, segments, every shard and sample index match; "
+                "every tensor decodes)"
+            )
+        lines = [f"{head}: {len(self.corrupt)} corrupt shard(s), {len(self.problems)} problem(s)"]
+        lines += [f"  - {p}" for p in self.problems]
         for shard in self.corrupt:
             lines.append(f"  CORRUPT {shard.path}")
             lines += [f"    - {p}" for p in shard.problems]
@@ -145,8 +182,13 @@ def _hash_shard(dataset: Dataset, entry: ShardEntry) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def verify_shard(dataset: Dataset, entry: ShardEntry, manifest: Manifest) -> list[str]:
-    """Problems with one shard; empty if its bytes and every tensor are as committed."""
+def verify_shard(
+    dataset: Dataset, entry: ShardEntry, manifest: Manifest, ids_out: list[str] | None = None
+) -> list[str]:
+    """Problems with one shard; empty if its bytes and every tensor are as committed.
+
+    `ids_out` receives the sample ids of the file's rows, in order.
+    """
     from pipeline.shards.reader import decode_rows, open_shard  # torch only when verifying
 
     problems = []
@@ -163,13 +205,21 @@ def verify_shard(dataset: Dataset, entry: ShardEntry, manifest: Manifest) -> lis
     prov = manifest.provenance
     widths = {"hidden_states": prov.hidden_states_width, "last_hidden_state": prov.hidden_size}
     url = dataset.shard_url(entry)
+    ids: list[str] = []
     try:
-        pf, _ = open_shard(dataset, entry)
+        pf, meta = open_shard(dataset, entry)
+        lineage = manifest.lineage
+        if lineage is not None and meta.provenance.lineage_key() != lineage.key:
+            problems.append(
+                "provenance in the file differs from the lineage's: "
+                + "; ".join(manifest.provenance.lineage_differences(meta.provenance)[:4])
+            )
         rows = tokens = 0
         with pf:
             for group in range(pf.metadata.num_row_groups):
                 for sample in decode_rows(pf.read_row_group(group), url):
                     rows += 1
+                    ids.append(sample.sample_id)
                     tokens += len(sample.input_ids)
                     for name, width in widths.items():
                         got = getattr(sample, name).shape[1]
@@ -183,6 +233,15 @@ def verify_shard(dataset: Dataset, entry: ShardEntry, manifest: Manifest) -> lis
             )
     except Exception as err:  # any failure to parse or decode is a finding, not a crash
         problems.append(f"cannot decode: {type(err).__name__}: {err}")
+    if entry.sidecar is not None:
+        try:
+            index = dataset.sample_index(entry)
+            if [r.sample_id for r in index.rows] != ids and not problems:
+                problems.append(f"sample index {entry.sidecar} lists other rows than the file")
+        except Exception as err:
+            problems.append(f"sample index: {err}")
+    if ids_out is not None:
+        ids_out.extend(ids)
     return problems
 
 
@@ -190,74 +249,54 @@ def verify_dataset(
     uri: str, *, version: int | None = None, endpoint_url: str | None = None
 ) -> VerifyReport:
     dataset = Dataset.open(uri, endpoint_url=endpoint_url)
-    manifest = dataset.manifest(version)
+    version = version if version is not None else dataset.latest_version()
+    if version is None:
+        dataset.manifest()  # raises: no committed version
+    try:
+        manifest = dataset.manifest(version)
+    except DatasetError as err:  # a missing or corrupt segment is a finding
+        root = manifest_key(version)
+        if not dataset.storage.exists(root):
+            raise
+        parse_root(dataset.storage.read_bytes(root), dataset.storage.url(root))
+        return VerifyReport(dataset.uri, version, 0, 0, (), (str(err),))
     corrupt = []
+    seen: dict[str, str] = {}
+    twice: list[str] = []
     for entry in manifest.shards:
-        problems = verify_shard(dataset, entry, manifest)
+        ids: list[str] = []
+        problems = verify_shard(dataset, entry, manifest, ids)
         if problems:
             corrupt.append(ShardProblem(dataset.shard_url(entry), tuple(problems)))
+        dropped = set(entry.dropped)
+        for sid in ids:
+            if sid in dropped:
+                continue
+            if sid in seen:
+                twice.append(f"sample {sid!r} is live in both {seen[sid]} and {entry.path}")
+            seen[sid] = entry.path
+    version_problems = tuple(twice[:20])
+    if len(twice) > 20:
+        version_problems += (f"... {len(twice) - 20} more samples listed twice",)
     return VerifyReport(
-        dataset.uri, manifest.version, len(manifest.shards), manifest.num_rows, tuple(corrupt)
+        dataset.uri,
+        manifest.version,
+        len(manifest.shards),
+        manifest.num_rows,
+        tuple(corrupt),
+        version_problems,
     )
 
 
 # --------------------------------------------------------------------------- gc
 
+from pipeline.shards.gc import GcReport, gc_dataset  # noqa: E402  (re-exported for the CLI)
 
-@dataclass(frozen=True)
-class GcReport:
-    uri: str
-    num_versions: int
-    num_referenced: int
-    garbage: tuple[ObjectInfo, ...]  # unreferenced and old enough to delete
-    young: tuple[ObjectInfo, ...]  # unreferenced but possibly still being committed
-    deleted: bool
-
-    def to_text(self) -> str:
-        total = sum(o.size for o in self.garbage)
-        lines = [
-            f"{self.uri}: {self.num_versions} versions reference {self.num_referenced} shard files; "
-            f"{len(self.garbage)} unreferenced file(s), {_mb(total)}"
-        ]
-        verb = "deleted" if self.deleted else "would delete"
-        lines += [f"  {verb} {o.key} ({o.size} bytes)" for o in self.garbage]
-        lines += [f"  kept (younger than min age) {o.key}" for o in self.young]
-        if self.garbage and not self.deleted:
-            lines.append("dry run: pass --delete to remove them")
-        return "\n".join(lines)
-
-
-def _is_gc_candidate(key: str) -> bool:
-    name = key.rsplit("/", 1)[-1]
-    if key.startswith(SHARD_PREFIX):
-        return True
-    # A create-only put killed before its link leaves a hidden temp file.
-    return ".tmp-" in name and name.startswith(".")
-
-
-def gc_dataset(
-    uri: str,
-    *,
-    delete: bool = False,
-    min_age_s: float = 3600.0,
-    endpoint_url: str | None = None,
-) -> GcReport:
-    dataset = Dataset.open(uri, endpoint_url=endpoint_url)
-    versions = dataset.versions()
-    referenced: set[str] = set()
-    for v in versions:
-        referenced.update(e.path for e in dataset.manifest(v).shards)
-    now = time.time()
-    garbage, young = [], []
-    for obj in dataset.storage.list():
-        if obj.key in referenced or not _is_gc_candidate(obj.key):
-            continue
-        (young if now - obj.mtime < min_age_s else garbage).append(obj)
-    if delete:
-        for obj in garbage:
-            dataset.storage.delete(obj.key)
-    if not versions and not garbage and not young and not dataset.storage.list():
-        raise DatasetError(f"{dataset.uri}: no dataset here (no manifests, no shards)")
-    return GcReport(
-        dataset.uri, len(versions), len(referenced), tuple(garbage), tuple(young), delete
-    )
+__all__ = [
+    "GcReport",
+    "InspectReport",
+    "VerifyReport",
+    "gc_dataset",
+    "inspect_dataset",
+    "verify_dataset",
+]

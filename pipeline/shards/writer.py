@@ -1,10 +1,19 @@
 """Write one shard: the samples of one deterministic work unit, as one Parquet file.
 
-The shard's key is `shards/<unit_id>.parquet`, derived from the unit and never
-from a random write id, so a retried unit overwrites the same key and a
-dataset can never hold two copies of one unit. The file appears under that
-name only when `close()` succeeds (see `Storage.open_write`); it becomes part
-of a dataset only when a manifest names it (pipeline/shards/manifest.py).
+The shard's key is `shards/<unit_id>.<attempt>.parquet`: the unit part derives
+from the unit's inputs, the attempt part is fresh for every writer. A name is
+written once, create-only (`Storage.open_create`), so a retried unit (a Ray
+task that may or may not have run), a second driver or a late zombie writer
+can add a file but never change the bytes of one a manifest names: the
+manifest names exactly the file whose hash the writer computed. Two attempts
+of one unit cannot both be published either: the commit refuses a version
+that would list a sample id twice (manifest.py). The file appears under its
+name only when `close()` succeeds; it becomes part of a dataset only when a
+manifest names it.
+
+The writer reports what it wrote: rows, tokens, bytes, sha256 and, per row,
+the sample id, domain, source and token count (`ShardInfo.samples`), from
+which the commit builds the shard's sample index (sidecar.py).
 
 Parquet layout (measured, see codecs.py and bench/RESULTS.md): the two tensor
 columns hold one codec frame per row and are stored uncompressed (the frames
@@ -19,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -38,6 +48,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ROW_GROUP_BYTES = 64 << 20
 SHARD_PREFIX = "shards/"
 _UNIT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}")
+_ATTEMPT = re.compile(r"[0-9a-f]{8}")
 _FINISH_REASONS = {"stop", "length", "abort"}
 
 # Per-column settings are keyed by the Parquet leaf path (`col.list.element` for lists).
@@ -63,14 +74,21 @@ _PARQUET_OPTIONS: dict[str, Any] = dict(
 )
 
 
-def shard_key(unit_id: str) -> str:
-    """The storage key of a unit's shard."""
+def new_attempt() -> str:
+    """A fresh attempt token (8 hex digits): one per writer, so no name is written twice."""
+    return secrets.token_hex(4)
+
+
+def shard_key(unit_id: str, attempt: str) -> str:
+    """The storage key of one attempt at a unit's shard."""
     if not _UNIT_ID.fullmatch(unit_id):
         raise ValueError(
             f"unit id {unit_id!r} is not a valid shard name: use 1-200 characters from "
             "[A-Za-z0-9._=-], starting with a letter or digit"
         )
-    return f"{SHARD_PREFIX}{unit_id}.parquet"
+    if not _ATTEMPT.fullmatch(attempt):
+        raise ValueError(f"attempt {attempt!r} must be 8 lowercase hex digits")
+    return f"{SHARD_PREFIX}{unit_id}.{attempt}.parquet"
 
 
 @dataclass(frozen=True)
@@ -93,7 +111,7 @@ class Sample:
 class ShardInfo:
     """What the writer knows about a finished shard; the manifest entry is built from it."""
 
-    path: str  # storage key, e.g. "shards/u-000001.parquet"
+    path: str  # storage key, e.g. "shards/u-000001.3fa91c0e.parquet"
     unit_id: str
     rows: int
     tokens: int  # sum of T over rows
@@ -102,6 +120,11 @@ class ShardInfo:
     codec: str
     schema_version: int
     provenance: Provenance
+    # (sample_id, domain, source, tokens) per row, in file order: the commit's sample index.
+    samples: tuple[tuple[str, str, str, int], ...] = ()
+    # (sample_id, input_hash) of samples the unit was asked for that gave no row;
+    # set by the producer (the sink), not the writer.
+    attempted: tuple[tuple[str, str], ...] = ()
 
 
 class _HashingSink:
@@ -150,7 +173,7 @@ def _as_int_array(values: Any, dtype: type, what: str) -> np.ndarray:
 
 
 class ShardWriter:
-    """Writes the samples of one work unit into `shards/<unit_id>.parquet`.
+    """Writes the samples of one work unit into `shards/<unit_id>.<attempt>.parquet`.
 
     Use as a context manager: leaving the block normally finishes the shard
     (`info` is then set), an exception discards it. Samples are validated
@@ -164,12 +187,14 @@ class ShardWriter:
         provenance: Provenance,
         *,
         row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+        attempt: str | None = None,
     ) -> None:
         if row_group_bytes <= 0:
             raise ValueError(f"row_group_bytes must be positive, got {row_group_bytes}")
         self.storage = storage
         self.unit_id = unit_id
-        self.key = shard_key(unit_id)
+        self.attempt = attempt or new_attempt()
+        self.key = shard_key(unit_id, self.attempt)
         self.provenance = provenance
         from pipeline.shards import codecs  # torch, only once something is written
 
@@ -182,6 +207,7 @@ class ShardWriter:
         self._num_rows = 0
         self._num_tokens = 0
         self._ids: set[str] = set()
+        self._samples: list[tuple[str, str, str, int]] = []
         self._ctx: Any = None
         self._sink: _HashingSink | None = None
         self._writer: pq.ParquetWriter | None = None
@@ -199,7 +225,7 @@ class ShardWriter:
             self.abort()
 
     def _open(self) -> None:
-        self._ctx = self.storage.open_write(self.key)
+        self._ctx = self.storage.open_create(self.key)
         raw = self._ctx.__enter__()
         self._sink = _HashingSink(raw)
         self._writer = pq.ParquetWriter(self._sink, self.schema, **_PARQUET_OPTIONS)
@@ -217,6 +243,8 @@ class ShardWriter:
                 f"shard {self.key}, sample {row.sample_id!r}: duplicate sample_id in this unit"
             )
         self._ids.add(row.sample_id)
+        cols = row.columns
+        self._samples.append((row.sample_id, cols["domain"], cols["source"], row.num_tokens))
         self._num_rows += 1
         self._num_tokens += row.num_tokens
         self._rows.append(row.columns)
@@ -248,8 +276,9 @@ class ShardWriter:
         except BaseException:
             self.abort()
             raise
-        # Publish under the final name. If this fails the storage layer has
-        # already cleaned up (temp file removed / upload aborted): no retry here.
+        # Publish under the final name, create-only. If this fails the storage
+        # layer has already cleaned up (temp file removed / upload aborted); if
+        # the name exists (AlreadyExists) its first bytes stay: no retry here.
         ctx, self._ctx, self._done = self._ctx, None, True
         ctx.__exit__(None, None, None)
         self.info = ShardInfo(
@@ -262,6 +291,7 @@ class ShardWriter:
             codec=self.codec.name,
             schema_version=int(self.schema.metadata[b"dspark.schema_version"]),
             provenance=self.provenance,
+            samples=tuple(self._samples),
         )
         log.info(
             "shard written path=%s rows=%d tokens=%d bytes=%d codec=%s",

@@ -4,11 +4,16 @@ Everything the shards layer stores goes through a `Storage`: keys are relative
 to the dataset root (`shards/u-0001.parquet`, `manifests/v000001.json`). Two
 kinds of writes exist and they have different guarantees:
 
-* `open_write(key)`: streaming data files. The object appears under its final
-  name only when the writer finishes (local: temp file + rename; S3: one PUT or
-  a multipart upload completed at close), so a crash never leaves a partial
-  file under a real name. A retried unit overwrites the same key (names derive
-  from inputs, never from a random id).
+* `open_create(key)`: streaming data files, create-only. The object appears
+  under its final name only when the writer finishes (local: temp file + hard
+  link; S3: one PUT or a multipart upload completed at close, both with
+  `If-None-Match: *`), so a crash never leaves a partial file under a real
+  name, and a name that exists is never written again: the late writer gets
+  `AlreadyExists` and the first bytes stay. Unfinished S3 uploads are listed by
+  `list_uploads` (gc aborts stale ones).
+* `open_write(key)`: the same all-or-nothing streaming write, but it replaces
+  an existing object: for side files that are meant to be rewritten (error
+  records, the dataset card), never for data files.
 * `put_if_absent` / `put_if_match`: small control objects (manifests, the
   `_latest` pointer). Create-only put (S3 `If-None-Match: *`; local: hard link,
   which fails if the name exists) and compare-and-swap (S3 `If-Match` on the
@@ -33,6 +38,7 @@ from pipeline.storage.base import (
     RetryPolicy,
     Storage,
     StorageError,
+    UploadInfo,
     is_transient,
 )
 from pipeline.storage.local import LocalStorage, write_text_atomic
@@ -45,6 +51,7 @@ __all__ = [
     "RetryPolicy",
     "Storage",
     "StorageError",
+    "UploadInfo",
     "is_transient",
     "open_storage",
     "write_text_atomic",

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pipeline.storage.base import AlreadyExists, ObjectInfo, PreconditionFailed, check_key
+from pipeline.storage.base import (
+    AlreadyExists,
+    ObjectInfo,
+    PreconditionFailed,
+    UploadInfo,
+    check_key,
+)
 
 
 class LocalStorage:
@@ -75,6 +81,34 @@ class LocalStorage:
             fsync_dir(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def open_create(self, key: str) -> Iterator[BinaryIO]:
+        """Like `open_write`, but the final hard link fails if the name exists (AlreadyExists)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._temp(path)
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # atomic, never replaces: the first complete file stays
+            except FileExistsError:
+                raise AlreadyExists(
+                    f"{self.url(key)} already exists; a data file is never written twice"
+                ) from None
+            fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
+        # Unfinished local writes are hidden temp files, which `list` already shows.
+        return []
+
+    def abort_upload(self, upload: UploadInfo) -> None:
+        self._path(upload.key).with_name(upload.upload_id).unlink(missing_ok=True)
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

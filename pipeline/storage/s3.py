@@ -1,5 +1,11 @@
 """A dataset root under an S3 prefix (s3fs): one PUT or a multipart upload, conditional puts.
 
+Data files go up create-only (`open_create`): a file smaller than one part is
+one `PutObject` with `If-None-Match: *`; a larger one is a multipart upload
+whose `CompleteMultipartUpload` carries `If-None-Match: *`, so whichever
+writer completes first owns the name and a late one gets `AlreadyExists`
+(its upload is aborted). AWS S3 has honoured both since 2024; MinIO does too.
+
 Credentials and endpoints: see the package docstring (`pipeline/storage/__init__.py`).
 """
 
@@ -15,9 +21,12 @@ from pipeline.storage.base import (
     ObjectInfo,
     PreconditionFailed,
     RetryPolicy,
+    UploadInfo,
     check_key,
     client_error,
 )
+
+PART_BYTES = 16 << 20  # multipart part size (S3's minimum is 5 MiB except the last)
 
 
 class S3Storage:
@@ -82,6 +91,10 @@ class S3Storage:
     def read_bytes(self, key: str) -> bytes:
         return self.retry.call("read", lambda: self.fs.cat_file(self._path(key)))
 
+    def read_bytes_raw(self, bucket_key: str) -> bytes:
+        """Bytes of a bucket key (prefix included)."""
+        return self.retry.call("read", lambda: self.fs.cat_file(f"{self.bucket}/{bucket_key}"))
+
     def open_read(self, key: str) -> BinaryIO:
         return self.fs.open(self._path(key), "rb", cache_type="readahead", block_size=8 << 20)
 
@@ -102,6 +115,50 @@ class S3Storage:
             with contextlib.suppress(Exception):
                 f.discard()  # do not leave a multipart upload behind
             raise
+
+    @contextlib.contextmanager
+    def open_create(self, key: str) -> Iterator[BinaryIO]:
+        upload = _CreateOnlyUpload(self, key)
+        try:
+            yield upload
+        except BaseException:
+            upload.abort()
+            raise
+        upload.finish()
+
+    def list_uploads(self, prefix: str = "") -> list[UploadInfo]:
+        """Multipart uploads started under this root (and `prefix`) and not completed."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        root = base + prefix
+        out: list[UploadInfo] = []
+        markers: dict[str, str] = {}
+        while True:
+            page = self.retry.call(
+                "list_uploads",
+                lambda m=markers: self.fs.call_s3(
+                    "list_multipart_uploads", Bucket=self.bucket, Prefix=root, **m
+                ),
+            )
+            for up in page.get("Uploads", []):
+                key = up["Key"][len(self.prefix) + 1 :] if self.prefix else up["Key"]
+                out.append(UploadInfo(key, up["UploadId"], up["Initiated"].timestamp()))
+            if not page.get("IsTruncated"):
+                return out
+            markers = {
+                "KeyMarker": page["NextKeyMarker"],
+                "UploadIdMarker": page["NextUploadIdMarker"],
+            }
+
+    def abort_upload(self, upload: UploadInfo) -> None:
+        self.retry.call(
+            "abort_upload",
+            lambda: self.fs.call_s3(
+                "abort_multipart_upload",
+                Bucket=self.bucket,
+                Key=self._key(upload.key),
+                UploadId=upload.upload_id,
+            ),
+        )
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         def put() -> None:
@@ -171,6 +228,83 @@ class S3Storage:
             url = urlparse(self.endpoint_url)
             kwargs = {"endpoint_override": url.netloc, "scheme": url.scheme or "https"}
         return pafs.S3FileSystem(**kwargs), f"{self.bucket}/{self.prefix}".rstrip("/")
+
+
+class _CreateOnlyUpload:
+    """A write-only file object: buffered parts, published create-only at `finish`."""
+
+    def __init__(self, storage: S3Storage, key: str) -> None:
+        self._s3 = storage
+        self._key = storage._key(key)
+        self._url = storage.url(key)
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self.closed = False
+
+    def _call(self, op: str, **kwargs: Any) -> Any:
+        s3 = self._s3
+        return s3.retry.call(
+            op, lambda: s3.fs.call_s3(op, Bucket=s3.bucket, Key=self._key, **kwargs)
+        )
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._buffer += data
+        while len(self._buffer) >= PART_BYTES:
+            self._upload_part(bytes(self._buffer[:PART_BYTES]))
+            del self._buffer[:PART_BYTES]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def _upload_part(self, body: bytes) -> None:
+        if self._upload_id is None:
+            self._upload_id = self._call("create_multipart_upload")["UploadId"]
+        number = len(self._parts) + 1
+        etag = self._call("upload_part", UploadId=self._upload_id, PartNumber=number, Body=body)[
+            "ETag"
+        ]
+        self._parts.append({"PartNumber": number, "ETag": etag})
+
+    def finish(self) -> None:
+        self.closed = True
+        try:
+            if self._upload_id is None:
+                body = bytes(self._buffer)
+                try:
+                    self._call("put_object", Body=body, IfNoneMatch="*")
+                except Exception as err:
+                    # A retried PUT whose first attempt landed reports 412: that is ours.
+                    if not (_precondition(err) and self._s3.read_bytes_raw(self._key) == body):
+                        raise
+                return
+            if self._buffer:
+                self._upload_part(bytes(self._buffer))
+            self._call(
+                "complete_multipart_upload",
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+                IfNoneMatch="*",
+            )
+            self._upload_id = None
+        except Exception as err:
+            self.abort()
+            if _precondition(err):
+                raise AlreadyExists(
+                    f"{self._url} already exists; a data file is never written twice"
+                ) from None
+            raise
+
+    def abort(self) -> None:
+        self.closed = True
+        if self._upload_id is not None:
+            with contextlib.suppress(Exception):  # gc aborts what is left behind
+                self._call("abort_multipart_upload", UploadId=self._upload_id)
+            self._upload_id = None
 
 
 def _precondition(err: BaseException) -> bool:

@@ -37,3 +37,45 @@ def test_fingerprint_and_bucket_count():
     assert run_fingerprint({"a": 1, "b": [1, 2]}) == run_fingerprint({"b": [1, 2], "a": 1})
     assert run_fingerprint({"a": 1}) != run_fingerprint({"a": 2})
     assert num_buckets_for(0, 64) == 1 and num_buckets_for(129, 64) == 3
+
+
+def test_buckets_never_depend_on_corpus_size_and_units_are_chunked():
+    from pipeline.regenerate.units import conversation_key
+    from pipeline.shards.sidecar import bucket_of
+
+    convs = _convs(300)
+    for conv in convs[:20]:
+        bucket = bucket_of(conversation_key(conv), 16)
+        (unit,) = [
+            u for u in plan_units([conv] + _convs(5, 5000), 16, "fp") if conv in u.conversations
+        ]
+        assert unit.bucket == bucket  # the same bucket whatever else is planned with it
+    units = plan_units(convs, 4, "fp", conversations_per_unit=10)
+    assert all(len(u.conversations) <= 10 for u in units)
+    assert sorted(c.conversation_id for u in units for c in u.conversations) == sorted(
+        c.conversation_id for c in convs
+    )
+    assert len({u.unit_id for u in units}) == len(units)
+
+
+def test_diff_finds_new_changed_and_removed_samples():
+    import dataclasses
+
+    from pipeline.regenerate.units import diff_corpus, sample_inputs
+
+    convs = _convs(10)
+    live = {}
+    for i, conv in enumerate(convs):
+        for sid, h in sample_inputs(conv, "all").items():
+            live[sid] = (f"shards/s{i % 2}.parquet", h)
+    grown = convs[:8] + _convs(3, start=100)  # 2 removed, 3 new
+    grown[0] = dataclasses.replace(grown[0], domain="math")  # 1 changed (same id, other input)
+    diff = diff_corpus(grown, live, "all")
+    assert len(diff.new) == 3 and len(diff.changed) == 1 and len(diff.removed) == 2
+    assert diff.unchanged == 7 and len(diff.todo) == 4
+    (changed,) = diff.changed
+    assert diff.replaced == {changed: live[changed][0]}
+    assert sum(len(v) for v in diff.tombstones.values()) == 2
+    plain = diff_corpus(grown, live, "all", apply_changes=False)  # regenerate: new ones only
+    assert len(plain.todo) == 3 and plain.tombstones == {} and plain.replaced == {}
+    assert diff_corpus(convs, live, "all").todo == []  # nothing changed: nothing to do

@@ -55,14 +55,16 @@ def test_kill_mid_write_leaves_no_partial_shard(root):
     _wait_for(proc, "WRITING")  # several row groups are out of the writer by now
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
-    assert not ds.storage.exists("shards/unit-b.parquet")  # nothing under the real name
+    names = [o.key for o in ds.storage.list("shards/")]
+    assert not [k for k in names if k.startswith("shards/unit-b.")]  # nothing under a real name
     assert ds.latest_version() == 1
     assert [s.sample_id for s in ShardReader(root)] == ids_v1
     assert verify_dataset(root).ok
     if not root.startswith("s3://"):
         # Local disk keeps the killed writer's hidden temp file; gc finds it.
         leftovers = [o.key for o in gc_dataset(root, min_age_s=0).garbage]
-        assert len(leftovers) == 1 and leftovers[0].startswith("shards/.unit-b.parquet.tmp-")
+        assert len(leftovers) == 1 and leftovers[0].startswith("shards/.unit-b.")
+        assert ".parquet.tmp-" in leftovers[0]
 
 
 def test_kill_between_data_and_manifest_then_resume(root):
@@ -71,18 +73,19 @@ def test_kill_between_data_and_manifest_then_resume(root):
     _wait_for(proc, "WRITTEN")
     assert proc.wait(timeout=30) == -signal.SIGKILL
     # The shard file is complete, but no manifest names it: it does not exist for readers.
-    assert ds.storage.exists("shards/unit-b.parquet")
+    (orphan,) = [o.key for o in ds.storage.list("shards/") if o.key.startswith("shards/unit-b.")]
     assert ds.latest_version() == 1
     assert ds.committed_units() == {"unit-a"}  # resume redoes unit-b
     assert [s.sample_id for s in ShardReader(root)] == ids_v1
-    assert [o.key for o in gc_dataset(root, min_age_s=0).garbage] == ["shards/unit-b.parquet"]
-    # Resume: the unit is redone under the same name and committed exactly once.
+    assert [o.key for o in gc_dataset(root, min_age_s=0).garbage] == [orphan]
+    # Resume: the unit is redone (a new attempt, a new name) and committed exactly once.
     info, samples = write_unit(ds, "unit-b", 3)
+    assert info.path != orphan
     ds.commit([info])
     got = [s.sample_id for s in ShardReader(root)]
     assert got == ids_v1 + [s.sample_id for s in samples]
     assert len(set(got)) == len(got)
-    assert gc_dataset(root, min_age_s=0).garbage == ()
+    assert [o.key for o in gc_dataset(root, min_age_s=0).garbage] == [orphan]
 
 
 def test_two_committer_processes_race_for_one_version(root, tmp_path):
@@ -105,5 +108,6 @@ def test_two_committer_processes_race_for_one_version(root, tmp_path):
     units = {s.unit_id for s in ds.manifest(2).shards}
     assert units in ({"unit-a", "unit-x"}, {"unit-a", "unit-y"})
     assert ds.latest_version() == 2
-    # The loser's shard is garbage, not data.
-    assert len(gc_dataset(root, min_age_s=0).garbage) == 1
+    # The loser's shard, and the sample index and segment its commit wrote, are garbage.
+    garbage = sorted(o.key.split("/")[0] for o in gc_dataset(root, min_age_s=0).garbage)
+    assert garbage == ["index", "manifests", "shards"]

@@ -34,3 +34,49 @@ def test_pre_move_dataset_reads_verifies_and_resumes(tmp_path):
         assert int(s.loss_mask.sum()) == s.num_generated_tokens
     sink = DatasetSink(Dataset.open(root), manifest.provenance)
     assert sink.on_write_start() == {"ref-0000", "ref-0001"} and sink.version == 1
+
+
+def test_a_commit_on_a_format1_version_migrates_and_checks_its_samples(tmp_path):
+    import pytest
+
+    from pipeline.shards.manifest import DuplicateSampleError
+
+    from .helpers import activations
+
+    root = tmp_path / "ds"
+    shutil.copytree(FIXTURE, root)
+    ds = Dataset.open(root)
+    old = ds.manifest()
+    prov = old.provenance
+    width, hidden = prov.hidden_states_width, prov.hidden_size
+    existing = next(iter(ShardReader(str(root), prefetch=0)))
+
+    def one(sample_id: str):
+        from pipeline.shards.writer import Sample
+
+        with ds.writer("resumed", prov) as w:
+            w.write(
+                Sample(
+                    sample_id,
+                    "synthetic",
+                    "chat",
+                    [1, 2, 3, 4],
+                    [0, 0, 1, 1],
+                    activations(4, width, 1),
+                    activations(4, hidden, 2),
+                    "stop",
+                    2,
+                    2,
+                )
+            )
+        return w.info
+
+    with pytest.raises(DuplicateSampleError, match="already holds"):
+        ds.commit([one(existing.sample_id)])  # read from the format-1 shard's id column
+    m2 = ds.commit([one("new-sample-000")])
+    assert m2.manifest_version == 2 and m2.lineage.first_version == 1
+    assert {e.unit_id for e in m2.shards} == {"ref-0000", "ref-0001", "resumed"}
+    assert m2.totals.rows == 7 and sum(m2.totals.by_domain.values()) == 7
+    assert verify_dataset(str(root)).ok and verify_dataset(str(root), version=1).ok
+    assert len(list(ShardReader(str(root), prefetch=0))) == 7
+    assert Dataset.open(root).manifest(1).manifest_version == 1  # the old root is untouched

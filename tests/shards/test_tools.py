@@ -21,7 +21,13 @@ def dataset(root):
     return ds
 
 
+def _key(ds: Dataset, unit: str) -> str:
+    (path,) = [e.path for e in ds.manifest().shards if e.unit_id == unit]
+    return path
+
+
 def _flip_byte(ds: Dataset, key: str, offset: int) -> None:
+    """Corrupt a file in place, as bit rot or a foreign tool would (not a shard writer)."""
     data = bytearray(ds.storage.read_bytes(key))
     data[offset] ^= 0x01
     with ds.storage.open_write(key) as f:
@@ -33,7 +39,7 @@ def test_inspect_shows_versions_shards_and_provenance(dataset):
     assert "latest version: 2" in text
     assert "v000001" in text and "v000002" in text
     for unit in ("unit-a", "unit-b", "unit-c"):
-        assert f"shards/{unit}.parquet" in text
+        assert _key(dataset, unit) in text
     assert "bytes/token=" in text and "raw bf16 192 B/token" in text
     assert '"target_revision": "sha256:0123abcd"' in text and "bf16" in text
     older = inspect_dataset(dataset.uri, version=1)
@@ -47,7 +53,7 @@ def test_verify_passes_on_clean_data(dataset):
 
 
 def test_verify_names_a_shard_with_one_flipped_byte(dataset):
-    key = "shards/unit-b.parquet"
+    key = _key(dataset, "unit-b")
     # Flip a byte inside a tensor frame's compressed data (middle of the first row group).
     group = pq.ParquetFile(dataset.storage.open_read(key)).metadata.row_group(0)
     chunk = group.column(5)  # hidden_states
@@ -60,7 +66,7 @@ def test_verify_names_a_shard_with_one_flipped_byte(dataset):
 
 
 def test_verify_catches_a_flipped_footer_byte_and_truncation(dataset):
-    a, c = "shards/unit-a.parquet", "shards/unit-c.parquet"
+    a, c = _key(dataset, "unit-a"), _key(dataset, "unit-c")
     size = dataset.storage.info(a).size
     _flip_byte(dataset, a, size - 20)
     data = dataset.storage.read_bytes(c)
@@ -74,7 +80,7 @@ def test_cli_verify_exits_nonzero_naming_the_shard(dataset):
     runner = CliRunner()
     ok = runner.invoke(cli, ["verify", dataset.uri])
     assert ok.exit_code == 0, ok.output
-    key = "shards/unit-a.parquet"
+    key = _key(dataset, "unit-a")
     _flip_byte(dataset, key, 100)
     bad = runner.invoke(cli, ["verify", dataset.uri])
     assert bad.exit_code == 1
@@ -99,16 +105,58 @@ def test_gc_lists_then_deletes_only_unreferenced_files(dataset):
 def test_cli_inspect_and_gc(dataset):
     runner = CliRunner()
     out = runner.invoke(cli, ["inspect", dataset.uri])
-    assert out.exit_code == 0 and "shards/unit-c.parquet" in out.output
+    assert out.exit_code == 0 and _key(dataset, "unit-c") in out.output
     orphan, _ = write_unit(dataset, "unit-orphan", 1)
     dry = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0"])
-    assert dry.exit_code == 0 and "would delete shards/unit-orphan.parquet" in dry.output
+    assert dry.exit_code == 0 and f"would delete {orphan.path}" in dry.output
     assert "--delete" in dry.output
     done = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0", "--delete"])
-    assert done.exit_code == 0 and "deleted shards/unit-orphan.parquet" in done.output
+    assert done.exit_code == 0 and f"deleted {orphan.path}" in done.output
     assert not dataset.storage.exists(orphan.path)
 
 
 def test_cli_reports_a_missing_dataset_in_one_line(tmp_path):
     out = CliRunner().invoke(cli, ["verify", str(tmp_path / "nope")])
     assert out.exit_code == 1 and "no committed version" in out.output
+
+
+def test_the_dataset_card_is_rewritten_at_each_commit(dataset):
+    card = dataset.storage.read_bytes("README.md").decode()
+    assert "# Training targets: toy:trained" in card and "Version **2**" in card
+    assert "| samples | 8 |" in card and "| shards | 3 |" in card
+    assert "| math | 3 |" in card and "| synthetic | 8 |" in card  # per domain, per source
+    assert "bytes per token" in card and "raw bf16: 192" in card
+    assert "| target_revision | `sha256:0123abcd` |" in card
+    assert "| 2 |" in card and "| 1 |" in card  # recent versions
+    m = dataset.commit([], remove=[_key(dataset, "unit-c")])
+    card = dataset.storage.read_bytes("README.md").decode()
+    assert f"Version **{m.version}**" in card and "| samples | 6 |" in card
+
+
+def test_verify_names_samples_a_version_lists_twice(tmp_path):
+    """The state the old protocol could publish (two attempts of one unit in one
+    format-1 manifest): verify reports it instead of calling it OK."""
+    from pipeline.shards.manifest import Manifest, ShardEntry, manifest_key
+
+    ds = Dataset.open(tmp_path / "ds")
+    infos = [write_unit(ds, "unit-a", 2)[0] for _ in range(2)]  # same samples, two files
+    entries = {
+        i.path: ShardEntry(
+            i.path,
+            i.unit_id,
+            i.rows,
+            i.tokens,
+            i.bytes,
+            i.sha256,
+            i.codec,
+            1,
+            i.provenance.identity_key(),
+        )
+        for i in infos
+    }
+    old = Manifest(1, None, "2026-01-01T00:00:00+00:00", infos[0].provenance, entries)
+    ds.storage.put_if_absent(manifest_key(1), old.legacy_json())
+    report = verify_dataset(ds.uri)
+    assert not report.ok and report.corrupt == ()
+    assert sum("is live in both" in p for p in report.problems) == 2
+    assert "2 problem(s)" in report.to_text()

@@ -18,11 +18,17 @@ from pipeline.storage import LocalStorage
 from .helpers import provenance, sample, write_unit
 
 
-def test_shard_name_derives_from_the_unit():
-    assert shard_key("corpus-a.unit-000017") == "shards/corpus-a.unit-000017.parquet"
+def test_shard_name_derives_from_the_unit_and_a_fresh_attempt(tmp_path):
+    key = shard_key("corpus-a.unit-000017", "0123abcd")
+    assert key == "shards/corpus-a.unit-000017.0123abcd.parquet"
     for bad in ["", "../x", "a/b", "-lead", "sp ace"]:
         with pytest.raises(ValueError, match="not a valid shard name"):
-            shard_key(bad)
+            shard_key(bad, "0123abcd")
+    with pytest.raises(ValueError, match="8 lowercase hex"):
+        shard_key("unit", "../x")
+    storage = LocalStorage(tmp_path)
+    names = {ShardWriter(storage, "unit-1", provenance()).key for _ in range(20)}
+    assert len(names) == 20  # every writer, every retry: a name of its own
 
 
 def test_info_matches_the_file(tmp_path):
@@ -30,14 +36,18 @@ def test_info_matches_the_file(tmp_path):
     info, samples = write_unit(ds, "unit-1", 7)
     path = tmp_path / info.path
     data = path.read_bytes()
-    assert info.path == "shards/unit-1.parquet"
+    assert info.path.startswith("shards/unit-1.") and info.path.endswith(".parquet")
     assert info.bytes == len(data)
     assert info.sha256 == hashlib.sha256(data).hexdigest()
     assert info.rows == 7
     assert info.tokens == sum(len(s.input_ids) for s in samples)
     assert info.codec == "bf16" and info.schema_version == 1
+    # What the commit's sample index is built from: id, domain, source, tokens per row.
+    assert info.samples == tuple(
+        (s.sample_id, s.domain, s.source, len(s.input_ids)) for s in samples
+    )
     # No temp files left beside it.
-    assert [p.name for p in path.parent.iterdir()] == ["unit-1.parquet"]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
 
 
 def test_provenance_and_version_in_parquet_metadata(tmp_path):

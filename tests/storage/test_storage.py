@@ -173,3 +173,45 @@ def test_credentials_never_reach_logs_manifests_or_output(
     assert FAKE_SECRET_KEY.encode() not in stored
     assert all(FAKE_SECRET_KEY not in text for text in texts + [o.output for o in outputs])
     assert FAKE_SECRET_KEY not in repr(ds) + repr(ds.storage) + str(ds.storage.storage_options())
+
+
+def test_open_create_never_replaces_an_existing_name(storage):
+    with storage.open_create("shards/a.parquet") as f:
+        f.write(b"first" * 100)
+    with pytest.raises(AlreadyExists, match="never written twice"):
+        with storage.open_create("shards/a.parquet") as f:
+            f.write(b"other" * 100)  # same size, other bytes: a late zombie writer
+    assert storage.read_bytes("shards/a.parquet") == b"first" * 100
+    with pytest.raises(RuntimeError):
+        with storage.open_create("shards/b.parquet") as f:
+            f.write(b"x")
+            raise RuntimeError("writer died")
+    assert not storage.exists("shards/b.parquet")
+    assert [o.key for o in storage.list("shards/")] == ["shards/a.parquet"]
+    assert storage.list_uploads() == []
+
+
+def test_large_create_only_upload_is_multipart_and_conditional(tmp_path, moto_endpoint, s3_uri):
+    from pipeline.storage import s3 as s3mod
+
+    storage = S3Storage(s3_uri, endpoint_url=moto_endpoint)
+    body = bytes(range(256)) * ((s3mod.PART_BYTES + 1000) // 256)
+    with storage.open_create("shards/big.parquet") as f:
+        for i in range(0, len(body), 1 << 20):
+            f.write(body[i : i + (1 << 20)])
+        assert len(storage.list_uploads()) == 1  # in flight: a multipart upload, not an object
+        assert not storage.exists("shards/big.parquet")
+    assert storage.read_bytes("shards/big.parquet") == body
+    with pytest.raises(AlreadyExists):
+        with storage.open_create("shards/big.parquet") as f:
+            f.write(b"\0" * len(body))
+    assert storage.read_bytes("shards/big.parquet") == body
+    assert storage.list_uploads() == []  # the loser's upload was aborted
+    # An upload left behind by a killed writer is listed, and can be aborted.
+    upload = storage.fs.call_s3(
+        "create_multipart_upload", Bucket=storage.bucket, Key=storage._key("shards/dead.parquet")
+    )
+    (left,) = storage.list_uploads("shards/")
+    assert left.key == "shards/dead.parquet" and left.upload_id == upload["UploadId"]
+    storage.abort_upload(left)
+    assert storage.list_uploads() == []

@@ -1,0 +1,353 @@
+"""The data model of dataset versions: shard entries, lineages, totals, manifests (formats 1 and 2).
+
+Manifest format 1 (datasets written before lineages) lists every shard in the
+version's one JSON file. Format 2 keeps that file, `manifests/v<N>.json` (the
+version's *root*), small: it names the version's lineage, its totals and a
+short list of immutable *segments* (segments.py) that together list the
+shards, the way an Iceberg snapshot names manifest files. Both formats read
+into the same `Manifest`; only format 2 is written.
+
+Everything here is plain data and JSON; the protocol lives in manifest.py and
+commit.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import Any
+
+from pipeline.shards.schema import Provenance
+
+MANIFEST_FORMAT = "dspark-targets.manifest"
+MANIFEST_VERSION = 2  # what this code writes; it reads 1 and 2
+READABLE_MANIFEST_VERSIONS = (1, 2)
+HISTORY_LENGTH = 20  # versions summarised in each root (the dataset card shows them)
+
+
+class DatasetError(ValueError):
+    """A dataset, version or manifest is missing or invalid; the message names it."""
+
+
+class CommitConflict(RuntimeError):
+    """Another committer published the version this commit was going to publish."""
+
+
+class ImmutableShardError(ValueError):
+    """A commit tried to change a shard that an earlier version already names."""
+
+
+class DuplicateSampleError(DatasetError):
+    """A commit would list a sample id twice in one version."""
+
+
+class LineageMismatch(DatasetError):
+    """A commit's provenance differs from the lineage of the version it builds on."""
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as a manifest lists it."""
+
+    path: str  # key relative to the dataset root
+    unit_id: str
+    rows: int  # rows in the file (dropped ones included)
+    tokens: int
+    bytes: int
+    sha256: str
+    codec: str
+    schema_version: int
+    identity: str  # Provenance.identity_key() of the shard's data
+    # Format 2 only (None/empty for shards committed under format 1):
+    sidecar: str | None = None  # key of the shard's sample index (sidecar.py)
+    key_lo: str | None = None  # partition-key range of its members, 16 hex digits
+    key_hi: str | None = None
+    version: int | None = None  # the version that added it
+    dropped: tuple[str, ...] = ()  # sample ids tombstoned in this shard, sorted
+    dropped_rows: int = 0  # how many of `dropped` are rows of the file
+
+    @property
+    def live_rows(self) -> int:
+        return self.rows - self.dropped_rows
+
+    @cached_property
+    def key_range(self) -> tuple[int, int] | None:
+        """Partition-key range of the members as ints; None if unknown (format 1)."""
+        if self.key_lo is None or self.key_hi is None:
+            return None
+        return int(self.key_lo, 16), int(self.key_hi, 16)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["dropped"] = list(self.dropped)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:  # the cached key range stays out of pickles
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardEntry:
+        data = dict(data)
+        data["dropped"] = tuple(data.get("dropped", ()))
+        return cls(**data)
+
+    def with_drops(self, ids: set[str] | frozenset[str], rows: int) -> ShardEntry:
+        return replace(
+            self,
+            dropped=tuple(sorted(set(self.dropped) | set(ids))),
+            dropped_rows=self.dropped_rows + rows,
+        )
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A line of versions made with one target, layer set, template, codec and generation."""
+
+    id: str  # "l-" + 12 hex digits, fresh when a lineage starts
+    key: str  # Provenance.lineage_key() every shard of the lineage has
+    num_buckets: int  # the fixed bucket space planning cuts conversations into
+    first_version: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counts of the live rows of a version (dropped rows excluded)."""
+
+    shards: int = 0
+    rows: int = 0
+    tokens: int = 0
+    bytes: int = 0  # of the shard files (dropped rows still take their space)
+    stored_rows: int = 0  # rows in the files, dropped ones included
+    by_domain: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "stored_rows": self.stored_rows,
+            "by_domain": dict(sorted(self.by_domain.items())),
+            "by_source": dict(sorted(self.by_source.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Totals:
+        return cls(**{f.name: data.get(f.name, f.default) for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """A root's pointer to one segment (segments.py)."""
+
+    key: str
+    sha256: str
+    level: int
+    first_version: int
+    last_version: int
+    num_shards: int
+    num_drops: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """One committed dataset version, resolved: every live shard with its tombstones."""
+
+    version: int
+    parent_version: int | None
+    created_at: str  # ISO 8601, UTC
+    provenance: Provenance
+    entries: Mapping[str, ShardEntry]  # path -> entry
+    schema_version: int = 1
+    manifest_version: int = MANIFEST_VERSION
+    lineage: Lineage | None = None  # None for a format-1 version
+    totals: Totals | None = None
+    segments: tuple[SegmentRef, ...] = ()
+    commit: Mapping[str, Any] = field(default_factory=dict)  # what this version's commit did
+    history: tuple[Mapping[str, Any], ...] = ()
+    last_complete_version: int | None = None
+
+    @cached_property
+    def shards(self) -> tuple[ShardEntry, ...]:
+        """Every live shard, sorted by path."""
+        return tuple(self.entries[p] for p in sorted(self.entries))
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows: what a reader of this version sees."""
+        return sum(s.live_rows for s in self.entries.values())
+
+    @property
+    def num_stored_rows(self) -> int:
+        return sum(s.rows for s in self.entries.values())
+
+    @property
+    def num_tokens(self) -> int:
+        if self.totals is not None:
+            return self.totals.tokens
+        return sum(s.tokens for s in self.entries.values())
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.bytes for s in self.entries.values())
+
+    @property
+    def complete(self) -> bool:
+        """The run that committed this version finished every unit it planned."""
+        return bool(self.commit.get("complete"))
+
+    def shard(self, path: str) -> ShardEntry:
+        try:
+            return self.entries[path]
+        except KeyError:
+            raise DatasetError(f"version {self.version} has no shard {path!r}") from None
+
+    def dropped(self, entry: ShardEntry | str) -> frozenset[str]:
+        """Sample ids tombstoned in a shard: readers skip those rows."""
+        path = entry if isinstance(entry, str) else entry.path
+        return frozenset(self.shard(path).dropped)
+
+    # ------------------------------------------------------------------ JSON
+
+    def root_json(self) -> bytes:
+        """The format-2 root of this version (shards live in the segments)."""
+        assert self.lineage is not None and self.totals is not None
+        body = {
+            "format": MANIFEST_FORMAT,
+            "manifest_version": 2,
+            "version": self.version,
+            "parent_version": self.parent_version,
+            "created_at": self.created_at,
+            "schema_version": self.schema_version,
+            "provenance": self.provenance.to_dict(),
+            "lineage": self.lineage.to_dict(),
+            "totals": self.totals.to_dict(),
+            "segments": [s.to_dict() for s in self.segments],
+            "commit": dict(self.commit),
+            "last_complete_version": self.last_complete_version,
+            "history": [dict(h) for h in self.history],
+        }
+        return (json.dumps(body, indent=1) + "\n").encode()
+
+    def legacy_json(self) -> bytes:
+        """This version in manifest format 1 (every shard listed), for comparisons."""
+        body = {
+            "format": MANIFEST_FORMAT,
+            "manifest_version": 1,
+            "version": self.version,
+            "parent_version": self.parent_version,
+            "created_at": self.created_at,
+            "schema_version": self.schema_version,
+            "provenance": self.provenance.to_dict(),
+            "totals": {
+                "shards": len(self.entries),
+                "rows": self.num_stored_rows,
+                "tokens": sum(s.tokens for s in self.entries.values()),
+                "bytes": self.num_bytes,
+            },
+            "shards": [{k: getattr(s, k) for k in _V1_ENTRY_FIELDS} for s in self.shards],
+        }
+        return (json.dumps(body, indent=1) + "\n").encode()
+
+
+_V1_ENTRY_FIELDS = (
+    "path",
+    "unit_id",
+    "rows",
+    "tokens",
+    "bytes",
+    "sha256",
+    "codec",
+    "schema_version",
+    "identity",
+)
+
+
+@dataclass(frozen=True)
+class Root:
+    """A parsed root file: the version's header, before its segments are read."""
+
+    body: dict[str, Any]
+    manifest_version: int
+    where: str
+
+    @property
+    def version(self) -> int:
+        return int(self.body["version"])
+
+    @property
+    def segments(self) -> tuple[SegmentRef, ...]:
+        return tuple(SegmentRef(**s) for s in self.body.get("segments", ()))
+
+
+def parse_root(text: str | bytes, where: str) -> Root:
+    try:
+        body = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DatasetError(f"{where}: manifest is not valid JSON ({err})") from None
+    if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
+        raise DatasetError(
+            f"{where}: not a dspark-targets manifest (format != {MANIFEST_FORMAT!r})"
+        )
+    mv = body.get("manifest_version")
+    if mv not in READABLE_MANIFEST_VERSIONS:
+        raise DatasetError(
+            f"{where}: manifest_version {mv!r} is not supported (this code reads "
+            f"{list(READABLE_MANIFEST_VERSIONS)}; data written by newer code needs a newer dspark-targets)"
+        )
+    return Root(body, int(mv), where)
+
+
+def manifest_from_root(root: Root, entries: Mapping[str, ShardEntry] | None = None) -> Manifest:
+    """A Manifest from a root; format 2 needs `entries` resolved from its segments."""
+    body, where = root.body, root.where
+    try:
+        common = dict(
+            version=int(body["version"]),
+            parent_version=body["parent_version"],
+            created_at=str(body["created_at"]),
+            provenance=Provenance.from_dict(body["provenance"], f"{where} provenance"),
+            schema_version=int(body["schema_version"]),
+            manifest_version=root.manifest_version,
+        )
+        if root.manifest_version == 1:
+            shards = [ShardEntry.from_dict(e) for e in body["shards"]]
+            manifest = Manifest(entries={s.path: s for s in shards}, **common)
+            totals = body.get("totals", {})
+            if totals.get("rows") != manifest.num_rows or totals.get("bytes") != manifest.num_bytes:
+                raise DatasetError(f"{where}: totals do not match the shard list")
+            return manifest
+        assert entries is not None, "a format-2 root needs its segments resolved"
+        manifest = Manifest(
+            entries=entries,
+            lineage=Lineage(**body["lineage"]),
+            totals=Totals.from_dict(body["totals"]),
+            segments=root.segments,
+            commit=dict(body.get("commit", {})),
+            history=tuple(body.get("history", ())),
+            last_complete_version=body.get("last_complete_version"),
+            **common,
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, DatasetError):
+            raise
+        raise DatasetError(f"{where}: malformed manifest ({type(err).__name__}: {err})") from None
+    totals = manifest.totals
+    if totals.shards != len(entries) or totals.stored_rows != manifest.num_stored_rows:
+        raise DatasetError(
+            f"{where}: totals ({totals.shards} shards, {totals.stored_rows} rows) do not match "
+            f"its segments ({len(entries)} shards, {manifest.num_stored_rows} rows)"
+        )
+    return manifest

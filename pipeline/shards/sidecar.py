@@ -1,0 +1,234 @@
+"""Per-shard sample index (the sidecar): which sample ids a shard holds, with their input hashes.
+
+A commit must know the sample ids of the shards it publishes (a version never
+holds a sample twice), and a refresh must know every committed id with the
+input it was made from. Reading them from the Parquet files would open every
+shard; instead each committed shard has a small JSON sidecar,
+`index/<shard name>.json`, written create-only by the commit from what the
+writer reported (`ShardInfo.samples`) and bound to the shard by its sha256:
+
+    {"format": "dspark-targets.sidecar", "sidecar_version": 1,
+     "shard": "shards/<name>.parquet", "sha256": "<of the shard file>",
+     "rows": [[sample_id, input_hash, domain, source, tokens], ...],   # file order
+     "attempted": [[sample_id, input_hash], ...]}                       # planned, no row
+
+`attempted` lists the samples a unit was asked for that produced no row
+(a prompt too long for the context, an empty answer): they count as done for
+planning (a rerun does not retry a deterministic failure) and as members for
+the exactly-once check, like rows.
+
+Shards of manifest format 1 have no sidecar; `read_index` then reads the id,
+domain and source columns of the file itself.
+
+The partition key of a sample (`partition_key`) is a 64-bit hash of its
+conversation part (the sample id without its `-<turn>` suffix), so every turn
+of a conversation has the same key and a conversation's bucket never depends
+on the corpus size. Shard entries record the key range of their members;
+the exactly-once check compares only shards whose ranges overlap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.storage import Storage
+
+SIDECAR_FORMAT = "dspark-targets.sidecar"
+SIDECAR_VERSION = 1
+SIDECAR_PREFIX = "index/"
+KEY_BITS = 64
+
+
+def partition_key(sample_id: str) -> int:
+    """64-bit key of a sample's conversation: equal for every turn, uniform over the space."""
+    group = sample_id.rsplit("-", 1)[0] if "-" in sample_id else sample_id
+    return int(hashlib.sha256(group.encode()).hexdigest()[:16], 16)
+
+
+def bucket_of(key: int, num_buckets: int) -> int:
+    """Bucket of a partition key when the key space is cut into `num_buckets` equal ranges."""
+    return (key * num_buckets) >> KEY_BITS
+
+
+def input_hash(sample_id: str, domain: str, source: str) -> str:
+    """What a sample was made from besides its id (the id hashes the conversation itself)."""
+    blob = f"{sample_id}|{domain}|{source}".encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def sidecar_key(shard_path: str) -> str:
+    name = shard_path.rsplit("/", 1)[-1].removesuffix(".parquet")
+    return f"{SIDECAR_PREFIX}{name}.json"
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    sample_id: str
+    input_hash: str
+    domain: str
+    source: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class SampleIndex:
+    """The members of one shard: its rows and the samples attempted without a row."""
+
+    shard: str
+    sha256: str
+    rows: tuple[SampleRow, ...]
+    attempted: tuple[tuple[str, str], ...] = ()  # (sample_id, input_hash)
+
+    def members(self) -> Iterator[tuple[str, str]]:
+        """(sample_id, input_hash) of every row and every attempted sample."""
+        for row in self.rows:
+            yield row.sample_id, row.input_hash
+        yield from self.attempted
+
+    def member_ids(self) -> set[str]:
+        return {sid for sid, _ in self.members()}
+
+    def key_range(self) -> tuple[int, int] | None:
+        keys = [partition_key(sid) for sid, _ in self.members()]
+        return (min(keys), max(keys)) if keys else None
+
+    def to_json(self) -> str:
+        body = {
+            "format": SIDECAR_FORMAT,
+            "sidecar_version": SIDECAR_VERSION,
+            "shard": self.shard,
+            "sha256": self.sha256,
+            "rows": [[r.sample_id, r.input_hash, r.domain, r.source, r.tokens] for r in self.rows],
+            "attempted": [list(a) for a in self.attempted],
+        }
+        return json.dumps(body, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> SampleIndex:
+        try:
+            body = json.loads(text)
+            if body.get("format") != SIDECAR_FORMAT or body.get("sidecar_version") != 1:
+                raise ValueError(f"not a {SIDECAR_FORMAT} v1 file")
+            rows = tuple(
+                SampleRow(str(a), str(b), str(c), str(d), int(e)) for a, b, c, d, e in body["rows"]
+            )
+            attempted = tuple((str(a), str(b)) for a, b in body["attempted"])
+            return cls(str(body["shard"]), str(body["sha256"]), rows, attempted)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            from pipeline.shards.manifest import DatasetError
+
+            raise DatasetError(f"{where}: unreadable sample index ({err})") from None
+
+
+def build_index(
+    shard: str,
+    sha256: str,
+    samples: Sequence[tuple[str, str, str, int]],
+    attempted: Iterable[tuple[str, str]] = (),
+) -> SampleIndex:
+    """The index of a shard from the writer's report: (sample_id, domain, source, tokens) rows."""
+    rows = tuple(
+        SampleRow(sid, input_hash(sid, domain, source), domain, source, int(tokens))
+        for sid, domain, source, tokens in samples
+    )
+    return SampleIndex(shard, sha256, rows, tuple(sorted(set(attempted))))
+
+
+def index_from_parquet(storage: Storage, shard: str, sha256: str) -> SampleIndex:
+    """The index of a shard without a sidecar (manifest format 1): read its small columns."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    with storage.open_read(shard) as fh:
+        table = pq.ParquetFile(fh).read(columns=["sample_id", "domain", "source", "input_ids"])
+    lengths = pc.list_value_length(table.column("input_ids")).to_pylist()
+    samples = list(
+        zip(
+            table.column("sample_id").to_pylist(),
+            table.column("domain").to_pylist(),
+            table.column("source").to_pylist(),
+            lengths,
+            strict=True,
+        )
+    )
+    return build_index(shard, sha256, samples)
+
+
+def key_hex(key: int) -> str:
+    return f"{key:016x}"
+
+
+def ranges_overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    """Unknown ranges (None: a shard of manifest format 1) overlap everything."""
+    if a is None or b is None:
+        return True
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def parse_range(lo: str | None, hi: str | None) -> tuple[int, int] | None:
+    return (int(lo, 16), int(hi, 16)) if lo is not None and hi is not None else None
+
+
+class RangeIndex:
+    """Shards by partition-key range, for the commit's overlap query in O(log N + hits).
+
+    Shards planned by bucket cover a narrow range (at most `narrow_span`): they
+    sit in a list sorted by their low key, so the shards a new range can
+    overlap are found by bisection. Wider ranges (shards written outside the
+    planner, or of format 1 with no range) are few and checked one by one.
+    """
+
+    def __init__(
+        self,
+        narrow: list[tuple[int, int, str]],
+        wide: list[tuple[int, int, str]],
+        narrow_span: int,
+        max_span: int = 0,
+    ) -> None:
+        self.narrow = narrow  # sorted by (lo, hi, path)
+        self.wide = wide
+        self.narrow_span = narrow_span
+        self.max_span = max_span  # widest narrow range ever added (an upper bound)
+
+    @classmethod
+    def build(cls, entries, num_buckets: int) -> RangeIndex:
+        index = cls([], [], 2 * ((1 << KEY_BITS) // max(1, num_buckets)))
+        return index.with_changes(list(entries), set())
+
+    def _split(self, entries) -> tuple[list, list]:
+        narrow, wide = [], []
+        for e in entries:
+            rng = e.key_range
+            if rng is None:
+                wide.append((0, (1 << KEY_BITS) - 1, e.path))
+            elif rng[1] - rng[0] <= self.narrow_span:
+                narrow.append((rng[0], rng[1], e.path))
+            else:
+                wide.append((rng[0], rng[1], e.path))
+        return narrow, wide
+
+    def with_changes(self, added, removed: set[str]) -> RangeIndex:
+        """A new index: this one plus `added` entries, minus the paths in `removed`."""
+        import bisect
+
+        narrow = [t for t in self.narrow if t[2] not in removed] if removed else list(self.narrow)
+        wide = [t for t in self.wide if t[2] not in removed]
+        new_narrow, new_wide = self._split(added)
+        for item in new_narrow:
+            bisect.insort(narrow, item)
+        span = max([self.max_span] + [hi - lo for lo, hi, _ in new_narrow])
+        return RangeIndex(narrow, wide + new_wide, self.narrow_span, span)
+
+    def overlapping(self, lo: int, hi: int) -> list[str]:
+        import bisect
+
+        start = bisect.bisect_left(self.narrow, (lo - self.max_span, -1, ""))
+        stop = bisect.bisect_right(self.narrow, (hi, 1 << KEY_BITS, "\uffff"))
+        out = [p for a, b, p in self.narrow[start:stop] if a <= hi and lo <= b]
+        out += [p for a, b, p in self.wide if a <= hi and lo <= b]
+        return out

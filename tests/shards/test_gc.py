@@ -1,0 +1,82 @@
+"""gc and retention: decided from manifests, sessions and pins, never from file age alone."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from pipeline.shards.lease import WriteSession
+from pipeline.shards.manifest import Dataset
+from pipeline.shards.reader import ShardReader
+from pipeline.shards.tools import gc_dataset, verify_dataset
+from pipeline.storage.s3 import S3Storage
+
+from .helpers import write_unit
+
+
+def _history(ds):
+    a, sa = write_unit(ds, "unit-a", 2)
+    ds.commit([a])  # v1: a
+    ds.commit([write_unit(ds, "unit-b", 2)[0]])  # v2: a b
+    ds.commit([], remove=[a.path])  # v3: b
+    ds.commit([write_unit(ds, "unit-c", 2)[0]])  # v4: b c
+    ds.commit([write_unit(ds, "unit-d", 2)[0]])  # v5: b c d
+    return a
+
+
+def test_retention_keeps_the_newest_and_the_pinned_versions(root):
+    ds = Dataset.open(root)
+    a = _history(ds)
+    pinned = {s.sample_id: s.hidden_states for s in ShardReader(root, version=2, pin="run-7")}
+    kept = gc_dataset(root, keep_versions=2, min_age_s=0, delete=True)
+    assert kept.retained == (2, 4, 5) and kept.expired == (1, 3)
+    assert ds.storage.exists(a.path)  # version 2 is pinned and names it
+    for s in ShardReader(root, version=2):
+        assert s.hidden_states.view(torch.int16).equal(pinned[s.sample_id].view(torch.int16))
+    ds.unpin("run-7")
+    report = gc_dataset(root, keep_versions=2, min_age_s=0, delete=True)
+    assert report.expired == (2,)
+    sidecar = a.path.replace("shards/", "index/").replace(".parquet", ".json")
+    assert not ds.storage.exists(a.path) and not ds.storage.exists(sidecar)
+    assert Dataset.open(root).versions() == [4, 5]
+    assert verify_dataset(root, version=4).ok and verify_dataset(root).ok
+    assert gc_dataset(root, keep_versions=2, min_age_s=0).garbage == ()
+
+
+def test_a_live_session_protects_its_files_whatever_their_age(tmp_path):
+    root = str(tmp_path / "ds")
+    ds = Dataset.open(root)
+    ds.commit([write_unit(ds, "unit-a", 1)[0]])
+    dead, _ = write_unit(ds, "unit-dead", 1)  # a crashed run's file, from before the session
+    past = time.time() - 3 * 3600
+    os.utime(ds.storage.url(dead.path), (past, past))
+    with WriteSession(ds, owner="long regeneration"):
+        waiting, _ = write_unit(ds, "unit-waiting", 1)  # finished, waiting for its batch commit
+        report = gc_dataset(root, min_age_s=0, delete=True)
+        assert [o.key for o in report.garbage] == [dead.path]
+        assert [o.key for o in report.in_flight] == [waiting.path]
+        assert ds.storage.exists(waiting.path) and not ds.storage.exists(dead.path)
+        ds.commit([waiting])
+    assert gc_dataset(root, min_age_s=0).garbage == ()
+
+
+def test_stale_multipart_uploads_are_aborted_live_ones_kept(s3_uri, moto_endpoint):
+    storage = S3Storage(s3_uri, endpoint_url=moto_endpoint)
+    ds = Dataset(storage)
+    ds.commit([write_unit(ds, "unit-a", 1)[0]])
+
+    def start_upload(name):
+        storage.fs.call_s3(
+            "create_multipart_upload", Bucket=storage.bucket, Key=storage._key(f"shards/{name}")
+        )
+
+    start_upload("stale.parquet")
+    report = gc_dataset(s3_uri, endpoint_url=moto_endpoint, min_age_s=0, delete=True)
+    assert [u.key for u in report.stale_uploads] == ["shards/stale.parquet"]
+    assert storage.list_uploads() == []
+    with WriteSession(ds, owner="writer"):
+        start_upload("live.parquet")  # an hour-long shard upload of a live run
+        report = gc_dataset(s3_uri, endpoint_url=moto_endpoint, min_age_s=0, delete=True)
+        assert report.stale_uploads == () and len(storage.list_uploads()) == 1

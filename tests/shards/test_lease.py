@@ -1,0 +1,105 @@
+"""The writer lease, write sessions and pins, on local disk and on the loopback S3 server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pipeline.shards import lease
+from pipeline.shards.lease import (
+    LeaseHeld,
+    LeaseLost,
+    WriteSession,
+    lease_holder,
+    live_sessions,
+    pin_version,
+    pinned_versions,
+    read_lease,
+    unpin_version,
+)
+from pipeline.shards.manifest import Dataset
+
+from .helpers import write_unit
+
+
+def test_one_holder_at_a_time_and_the_second_names_the_first(root):
+    ds = Dataset.open(root)
+    with WriteSession(ds, owner="nightly refresh") as first:
+        assert lease_holder(ds).session == first.id
+        assert [s.session for s in live_sessions(ds)] == [first.id]
+        with pytest.raises(LeaseHeld, match=rf"nightly refresh \(session {first.id}, host .*pid"):
+            WriteSession(ds, owner="second").start()
+        first.check()  # the holder may publish
+    assert lease_holder(ds) is None and live_sessions(ds) == []
+    with WriteSession(ds, owner="next") as nxt:
+        assert read_lease(ds).epoch == 2 and read_lease(ds).session == nxt.id
+
+
+def test_racing_takers_exactly_one_wins(root):
+    barrier, won, held = threading.Barrier(4), [], []
+
+    def take(i: int) -> None:
+        session = WriteSession(Dataset.open(root), owner=f"taker {i}")
+        barrier.wait()
+        try:
+            session.start()
+            won.append(session)
+        except LeaseHeld as err:
+            held.append(err)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(held) == 3
+    won[0].close()
+
+
+def test_an_expired_lease_is_taken_over_and_fences_its_old_holder(root, monkeypatch):
+    monkeypatch.setattr(lease, "CLOCK_MARGIN_S", 0.2)
+    ds = Dataset.open(root)
+    old = WriteSession(ds, owner="paused", ttl_s=0.6)
+    old.start()
+    old._stop.set()  # its heartbeats stop (a paused or partitioned driver)
+    with pytest.raises(LeaseHeld):
+        WriteSession(ds, owner="early").start()
+    new = WriteSession(ds, owner="taker", ttl_s=30).start(wait_s=5, poll_s=0.1)
+    assert read_lease(ds).session == new.id and read_lease(ds).epoch == 2
+    with pytest.raises(LeaseLost, match="published nothing"):
+        old.check()  # expired by its own clock
+    old.expires_at = time.time() + 60  # even if its clock were behind:
+    old.renew()  # the renewal finds another holder
+    with pytest.raises(LeaseLost, match="taken over by taker"):
+        old.check()
+    old.close()  # releases nothing of the new holder's
+    assert read_lease(ds).session == new.id and not read_lease(ds).released
+    info, _ = write_unit(ds, "unit-a", 1)
+    with pytest.raises(LeaseLost):
+        ds.commit([info], fence=old.check)
+    assert ds.latest_version() is None
+    assert ds.commit([info], fence=new.check).version == 1
+    new.close()
+
+
+def test_heartbeats_keep_a_long_run_alive(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "CLOCK_MARGIN_S", 0.1)
+    ds = Dataset.open(tmp_path / "ds")
+    with WriteSession(ds, owner="long", ttl_s=0.6) as session:
+        time.sleep(1.5)  # more than twice the ttl
+        session.check()
+        assert lease_holder(ds).session == session.id
+
+
+def test_pins(root):
+    ds = Dataset.open(root)
+    pin_version(ds, 3, "train-run-7", owner="trainer")
+    pin_version(ds, 3, "train-run-7")  # idempotent
+    with pytest.raises(ValueError, match="pins version 3, not 4"):
+        pin_version(ds, 4, "train-run-7")
+    pin_version(ds, 1, "short", ttl_s=-1)  # already expired
+    assert pinned_versions(ds) == {"train-run-7": 3}
+    unpin_version(ds, "train-run-7")
+    assert pinned_versions(ds) == {}
