@@ -168,11 +168,12 @@ def plan_capacity(
             "more (host memory of the tray of bundle 0), or lower generation.max_new_tokens "
             "or regenerate.max_requests_in_flight"
         )
-    if stored / shards > shape.max_capture_bytes:
+    if stored / shards > shape.max_capture_bytes / 2:
         warnings.append(
-            f"a unit's encoded rows (~{stored / shards / 1e9:.1f} GB) wait in memory until its "
-            f"shard is written, more than max_capture_memory_mb={shape.max_capture_bytes >> 20}: "
-            "lower regenerate.conversations_per_unit (or fix num_buckets higher)"
+            f"a unit's encoded rows (~{stored / shards / 1e9:.1f} GB) outgrow half of "
+            f"max_capture_memory_mb={shape.max_capture_bytes >> 20} before its shard is written: "
+            "they wait in local spill files (regenerate.spill_dir), so give that disk room for "
+            "the units in flight, or lower regenerate.conversations_per_unit"
         )
     if cores is not None and cores > shape.num_encode_workers:
         assert replica_tok_s is not None
@@ -188,15 +189,22 @@ def plan_capacity(
     if days is not None:
         versions = max(versions, math.ceil(days * 86400 / shape.commit_every_seconds))
     versions = min(versions, shards)
-    # Version i's manifest lists the shards committed so far (about i/versions of them).
-    manifests = (
-        versions * assume.manifest_base_bytes
-        + assume.manifest_entry_bytes * shards * (versions + 1) / 2
-    )
+    # Manifest format 2 (shards/segments.py): a small root per version naming
+    # immutable delta segments, merged FANOUT at a time, so each shard entry is
+    # written about 1 + log_FANOUT(versions) times and a root stays bounded.
+    from pipeline.shards.segments import FANOUT
+
+    levels = max(1.0, math.log(max(versions, 1), FANOUT))
+    segments = versions + math.ceil(versions / (FANOUT - 1))
+    manifests = versions * (
+        assume.manifest_base_bytes + 100 * (FANOUT - 1) * levels
+    ) + assume.manifest_entry_bytes * shards * (1 + levels)
     errors = 0
     if corpus.num_dropped:
         errors = round(expected_nonempty(shards, corpus.num_dropped))
-    objects = shards + versions + 1 + errors  # + `_latest`
+    # A shard and its sample-id sidecar; a root and its segments per version;
+    # `_latest`, the writer lease and the dataset card.
+    objects = 2 * shards + versions + segments + 3 + errors
 
     weights = hbm = None
     if target.params is not None:

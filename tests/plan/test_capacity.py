@@ -52,7 +52,8 @@ def test_storage_objects_rates_and_time_by_hand():
     assert p.token_bytes == 800_000 * 5
     assert p.stored_bytes == p.hidden_state_bytes + p.token_bytes
     assert p.num_shards == 10 and p.num_versions == 3  # ceil(10 / 4)
-    assert p.num_objects == 10 + 3 + 1  # shards, manifests, _latest
+    # shards + sidecars, 3 roots + 3 delta segments + 1 merge, _latest + lease + card
+    assert p.num_objects == 2 * 10 + 3 + (3 + 1) + 3
     # 1000 generated tok/s; 4 tokens captured per generated one (400 / 100).
     assert p.captured_tok_s == 4000
     assert p.raw_hidden_bytes_per_s == 4000 * 12_000  # 48 MB/s
