@@ -30,6 +30,15 @@ def ray_local():
     """A real local Ray cluster for the session (two CPUs, no dashboard)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    if ray.is_initialized():  # a driver another test package left connected
+        ray.shutdown()
+    # address="local": a new local cluster, never one another test left discoverable.
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
     yield ray
     ray.shutdown()

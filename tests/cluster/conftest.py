@@ -10,6 +10,7 @@ other driver on this machine (`ray.init("auto")`) finds it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -32,6 +33,7 @@ def racks():
     ray.cloudpickle.register_pickle_by_value(placement_probe)
     if ray.is_initialized():  # a session-wide local Ray from another test package
         ray.shutdown()
+    saved_address = os.environ.get("RAY_ADDRESS")  # Cluster points RAY_ADDRESS at itself
     temp_dir = tempfile.mkdtemp(prefix="rc-", dir="/tmp")
     cluster = Cluster(
         initialize_head=True,
@@ -64,3 +66,7 @@ def racks():
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if saved_address is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = saved_address
