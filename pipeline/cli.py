@@ -52,15 +52,6 @@ def cli(verbose: bool) -> None:
     setup_logging(verbose)
 
 
-def _not_built(command: str, issue: str) -> None:
-    click.secho(
-        f"`dspark-targets {command}` is not built yet ({issue}); nothing was run.",
-        fg="yellow",
-        err=True,
-    )
-    sys.exit(2)
-
-
 @cli.command()
 @CONFIG_OPTION
 @SET_OPTION
