@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from pipeline.plan.planner import PlanReport
+# `report` below is a `planner.PlanReport`; not imported, since the planner
+# renders itself through this module.
 
 
 def human_bytes(n: float) -> str:
@@ -29,7 +29,7 @@ def num(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _rows(report: PlanReport) -> list[tuple[str, str, str]]:
+def _rows(report: Any) -> list[tuple[str, str, str]]:
     c, t, a, s, p = report.corpus, report.target, report.assume, report.shape, report.capacity
     assert c is not None and t is not None and s is not None and p is not None
     rows: list[tuple[str, str, str]] = [("inputs", "", "")]
@@ -183,7 +183,7 @@ def _rows(report: PlanReport) -> list[tuple[str, str, str]]:
     return rows
 
 
-def capacity_table(report: PlanReport) -> str:
+def capacity_table(report: Any) -> str:
     lines = [f"capacity plan for {report.config_source}"]
     if report.capacity is not None:
         rows = _rows(report)

@@ -1,7 +1,7 @@
 """The regeneration stage: corpus -> work units -> replicas -> shards -> committed versions.
 
 `_start` takes the dataset's writer lease and plans against its latest
-version (regenerate/refresh.py): units hold only the samples no version has
+version (regenerate/planning.py): units hold only the samples no version has
 yet, so a rerun has nothing to do and a grown corpus adds units of new
 conversations only. The driver feeds the units to a pool of replica
 actors, as many units each as it asks for to keep its engine full
@@ -39,7 +39,7 @@ from pipeline.regenerate.config import PipelineConfig
 from pipeline.regenerate.scheduler import SchedulerLimits, UnitScheduler
 from pipeline.regenerate.summary import Progress, RunSummary
 from pipeline.regenerate.unit import UnitResult, UnitSpec
-from pipeline.regenerate.units import WorkUnit
+from pipeline.regenerate.units import WorkUnit, unit_inputs
 
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
@@ -60,40 +60,15 @@ class RunPlan:
     units: list[WorkUnit]
 
 
-def plan(config: PipelineConfig) -> RunPlan:
-    """The whole corpus as units of a new lineage (no dataset read, no Ray, no engine).
-
-    The run itself plans against the dataset (`_start`, regenerate/refresh.py).
-    """
-    from pipeline.corpus.ingest import load_corpus
-    from pipeline.regenerate.provenance import build_provenance, corpus_version, run_identity
-    from pipeline.regenerate.units import num_buckets_for, plan_units, run_fingerprint
-
-    cfg = config.regenerate
-    corpus = load_corpus(config.corpus)
-    provenance = build_provenance(config, corpus_version(corpus.conversations))
-    fingerprint = run_fingerprint(run_identity(provenance, cfg.min_answer_tokens))
-    buckets = cfg.num_buckets or num_buckets_for(
-        len(corpus.conversations), cfg.conversations_per_unit
-    )
-    units = plan_units(
-        corpus.conversations,
-        buckets,
-        fingerprint,
-        conversations_per_unit=cfg.conversations_per_unit,
-    )
-    return RunPlan(corpus, provenance, units)
-
-
 def _start(
     config: PipelineConfig, *, refresh: bool = False, lease_wait_s: float = 0.0
 ) -> tuple[RunPlan, DatasetSink, RunSummary, list[WorkUnit]]:
     """Take the writer lease, plan against the latest version, open the sink; the units to do.
 
-    Planning is per sample (regenerate/refresh.py): units hold only samples no
+    Planning is per sample (regenerate/planning.py): units hold only samples no
     version has yet (`refresh`: also changed ones; removed ones are tombstoned).
     """
-    from pipeline.regenerate.refresh import plan_against
+    from pipeline.regenerate.planning import plan_against
     from pipeline.shards.lease import WriteSession
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.sink import DatasetSink
@@ -121,7 +96,6 @@ def _start(
         commit_every_units=config.regenerate.commit_every_units,
         commit_every_seconds=config.regenerate.commit_every_seconds,
         session=session,
-        turns=config.regenerate.turns,
         replaced=planned.diff.replaced,
         tombstones=planned.diff.tombstones,
         new_lineage=planned.new_lineage,
@@ -190,7 +164,8 @@ def run_local(
             futures = {feeder.submit_unit(unit, spec): unit for unit in todo}
             for future in as_completed(futures):
                 result = future.result()
-                sink.on_unit_written(result.shard, futures[future])
+                unit = futures[future]
+                sink.on_unit_written(result.shard, unit_inputs(unit, config.regenerate.turns))
                 summary.add(result)
                 progress.update(futures[future].num_answers, result)
         except BaseException as err:
@@ -265,7 +240,7 @@ def run_regenerate(
     )
 
     def on_done(unit: WorkUnit, result: UnitResult) -> None:
-        sink.on_unit_written(result.shard, unit)
+        sink.on_unit_written(result.shard, unit_inputs(unit, config.regenerate.turns))
         summary.add(result)
         progress.update(unit.num_answers, result)
 

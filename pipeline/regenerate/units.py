@@ -75,6 +75,14 @@ def sample_inputs(conv: Conversation, turns: str) -> dict[str, str]:
     }
 
 
+def unit_inputs(unit: WorkUnit, turns: str) -> dict[str, str]:
+    """sample id -> input hash of every sample `unit` was planned to hold."""
+    planned: dict[str, str] = {}
+    for conv in unit.conversations:
+        planned.update(sample_inputs(conv, turns))
+    return planned
+
+
 def plan_units(
     conversations: Sequence[Conversation],
     num_buckets: int,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.shards.manifest import Dataset, Manifest
+    from pipeline.shards.model import DatasetLike, Manifest
 
 CARD_KEY = "README.md"
 
@@ -82,6 +82,6 @@ def card_text(uri: str, m: Manifest) -> str:
     return "\n".join(lines)
 
 
-def write_card(dataset: Dataset, manifest: Manifest) -> None:
+def write_card(dataset: DatasetLike, manifest: Manifest) -> None:
     with dataset.storage.open_write(CARD_KEY) as fh:
         fh.write(card_text(dataset.uri, manifest).encode())

@@ -27,7 +27,7 @@ from pipeline.shards.schema import Provenance
 from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index, index_from_parquet
 
 if TYPE_CHECKING:
-    from pipeline.shards.manifest import Dataset
+    from pipeline.shards.model import DatasetLike
     from pipeline.shards.writer import ShardInfo
 
 
@@ -36,7 +36,11 @@ def new_lineage_id() -> str:
 
 
 def lineage_of(
-    ds: Dataset, parent: Manifest | None, prov: Provenance, version: int, num_buckets: int | None
+    ds: DatasetLike,
+    parent: Manifest | None,
+    prov: Provenance,
+    version: int,
+    num_buckets: int | None,
 ) -> Lineage:
     if parent is None:
         return Lineage(new_lineage_id(), prov.lineage_key(), num_buckets or 1, version)
@@ -49,7 +53,7 @@ def lineage_of(
 
 
 def mismatch(
-    ds: Dataset,
+    ds: DatasetLike,
     lineage: Lineage,
     parent: Manifest | None,
     prov: Provenance,
@@ -67,7 +71,7 @@ def mismatch(
     )
 
 
-def check_written(ds: Dataset, info: ShardInfo) -> None:
+def check_written(ds: DatasetLike, info: ShardInfo) -> None:
     try:
         found = ds.storage.info(info.path).size
     except FileNotFoundError:
@@ -79,7 +83,7 @@ def check_written(ds: Dataset, info: ShardInfo) -> None:
         )
 
 
-def index_of(ds: Dataset, info: ShardInfo) -> SampleIndex:
+def index_of(ds: DatasetLike, info: ShardInfo) -> SampleIndex:
     """The members of a new shard: what its writer reported, else its id columns."""
     if info.samples or info.rows == 0:
         if len(info.samples) != info.rows:
@@ -126,7 +130,7 @@ def range_index(manifest: Manifest | None) -> RangeIndex | None:
 
 
 def check_against_parent(
-    ds: Dataset,
+    ds: DatasetLike,
     base: Mapping[str, ShardEntry],
     ranges_of: RangeIndex | None,
     indexes: dict[str, SampleIndex],

@@ -59,7 +59,7 @@ from pipeline.shards.sidecar import (
 from pipeline.storage import AlreadyExists
 
 if TYPE_CHECKING:
-    from pipeline.shards.manifest import Dataset
+    from pipeline.shards.model import DatasetLike
     from pipeline.shards.writer import ShardInfo
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _now() -> str:
 
 
 def commit(
-    ds: Dataset,
+    ds: DatasetLike,
     shards: list[ShardInfo],
     *,
     drop: dict[str, set[str]],
@@ -84,7 +84,7 @@ def commit(
     session: str | None,
 ) -> Manifest:
     from pipeline.shards.card import write_card
-    from pipeline.shards.manifest import manifest_key
+    from pipeline.shards.model import manifest_key
 
     parent = ds.manifest(parent_version) if parent_version is not None else None
     prov = provenance or (
@@ -324,7 +324,7 @@ class _Counts:
         )
 
 
-def _totals(ds: Dataset, parent: Manifest | None, base: Mapping[str, ShardEntry]) -> Totals:
+def _totals(ds: DatasetLike, parent: Manifest | None, base: Mapping[str, ShardEntry]) -> Totals:
     if parent is None:
         return Totals()
     if parent.totals is not None:
@@ -340,7 +340,7 @@ def _totals(ds: Dataset, parent: Manifest | None, base: Mapping[str, ShardEntry]
 
 
 def _base_refs(
-    ds: Dataset, parent: Manifest | None, carry: bool, base: Mapping[str, ShardEntry]
+    ds: DatasetLike, parent: Manifest | None, carry: bool, base: Mapping[str, ShardEntry]
 ) -> list[SegmentRef]:
     if not carry or parent is None:
         return []
@@ -353,7 +353,7 @@ def _base_refs(
     return [_put_segment(ds, seg)[1]]
 
 
-def _put_segment(ds: Dataset, seg: Segment) -> tuple[str, SegmentRef]:
+def _put_segment(ds: DatasetLike, seg: Segment) -> tuple[str, SegmentRef]:
     key, data, ref = seg.encoded()
     try:
         ds.storage.put_if_absent(key, data)
@@ -363,7 +363,7 @@ def _put_segment(ds: Dataset, seg: Segment) -> tuple[str, SegmentRef]:
     return key, ref
 
 
-def _put_sidecar(ds: Dataset, key: str, index: SampleIndex) -> None:
+def _put_sidecar(ds: DatasetLike, key: str, index: SampleIndex) -> None:
     data = index.to_json().encode()
     try:
         ds.storage.put_if_absent(key, data)

@@ -40,7 +40,7 @@ from pipeline.errors import PipelineError
 from pipeline.storage import AlreadyExists, PreconditionFailed
 
 if TYPE_CHECKING:
-    from pipeline.shards.manifest import Dataset
+    from pipeline.shards.model import DatasetLike
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,12 @@ class LeaseRecord:
         return cls(**json.loads(data))
 
 
-def read_lease(dataset: Dataset) -> LeaseRecord | None:
+def read_lease(dataset: DatasetLike) -> LeaseRecord | None:
     tagged = dataset.storage.read_tagged(LEASE_KEY)
     return LeaseRecord.from_bytes(tagged[0]) if tagged else None
 
 
-def lease_holder(dataset: Dataset) -> LeaseRecord | None:
+def lease_holder(dataset: DatasetLike) -> LeaseRecord | None:
     """The live holder of the dataset's lease (a writer is running), or None."""
     record = read_lease(dataset)
     return record if record is not None and record.live(time.time()) else None
@@ -113,7 +113,7 @@ class SessionRecord:
     expires_at: float
 
 
-def live_sessions(dataset: Dataset, now: float | None = None) -> list[SessionRecord]:
+def live_sessions(dataset: DatasetLike, now: float | None = None) -> list[SessionRecord]:
     """Write sessions whose heartbeat has not lapsed (gc keeps what they may commit)."""
     now = time.time() if now is None else now
     out = []
@@ -135,7 +135,7 @@ class WriteSession:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: DatasetLike,
         *,
         owner: str,
         exclusive: bool = True,
@@ -304,7 +304,7 @@ def _heartbeat_loop(ref: weakref.ref, stop: threading.Event, every_s: float) -> 
 
 
 def pin_version(
-    dataset: Dataset, version: int, name: str, *, owner: str = "", ttl_s: float | None = None
+    dataset: DatasetLike, version: int, name: str, *, owner: str = "", ttl_s: float | None = None
 ) -> str:
     """Keep `version` from gc under `name` (create-only); the pin's key."""
     if not name or "/" in name or name.startswith("."):
@@ -329,11 +329,11 @@ def pin_version(
     return key
 
 
-def unpin_version(dataset: Dataset, name: str) -> None:
+def unpin_version(dataset: DatasetLike, name: str) -> None:
     dataset.storage.delete(f"{PINS_PREFIX}{name}.json")
 
 
-def pinned_versions(dataset: Dataset, now: float | None = None) -> dict[str, int]:
+def pinned_versions(dataset: DatasetLike, now: float | None = None) -> dict[str, int]:
     """name -> version of every unexpired pin."""
     now = time.time() if now is None else now
     out = {}

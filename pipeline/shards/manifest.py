@@ -42,7 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.shards.model import (
+    ERRORS_PREFIX,
+    LATEST_KEY,
     MANIFEST_FORMAT,
+    MANIFEST_PREFIX,
     MANIFEST_VERSION,
     CommitConflict,
     DatasetError,
@@ -53,6 +56,7 @@ from pipeline.shards.model import (
     Manifest,
     ShardEntry,
     manifest_from_root,
+    manifest_key,
     parse_root,
 )
 from pipeline.shards.schema import Provenance
@@ -79,15 +83,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MANIFEST_PREFIX = "manifests/"
-LATEST_KEY = "_latest"
-ERRORS_PREFIX = "errors/"
 _MANIFEST_NAME = re.compile(r"manifests/v(\d{6,})\.json")
 _LATEST = object()  # sentinel: commit on top of whatever version is newest
-
-
-def manifest_key(version: int) -> str:
-    return f"{MANIFEST_PREFIX}v{version:06d}.json"
 
 
 class _Lru(OrderedDict):

@@ -17,14 +17,23 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.shards.schema import Provenance
+from pipeline.storage import Storage
 
 MANIFEST_FORMAT = "dspark-targets.manifest"
 MANIFEST_VERSION = 2  # what this code writes; it reads 1 and 2
 READABLE_MANIFEST_VERSIONS = (1, 2)
 HISTORY_LENGTH = 20  # versions summarised in each root (the dataset card shows them)
+MANIFEST_PREFIX = "manifests/"
+LATEST_KEY = "_latest"
+ERRORS_PREFIX = "errors/"
+
+
+def manifest_key(version: int) -> str:
+    """The storage key of version `version`'s root."""
+    return f"{MANIFEST_PREFIX}v{version:06d}.json"
 
 
 class DatasetError(ValueError):
@@ -351,3 +360,24 @@ def manifest_from_root(root: Root, entries: Mapping[str, ShardEntry] | None = No
             f"its segments ({len(entries)} shards, {manifest.num_stored_rows} rows)"
         )
     return manifest
+
+
+class DatasetLike(Protocol):
+    """What the commit, lease, check and card modules use of a `manifest.Dataset`.
+
+    They sit below the Dataset class (which calls them), so they name this
+    shape instead of importing it.
+    """
+
+    storage: Storage
+    uri: str
+
+    def manifest(self, version: int | None = None) -> Manifest: ...
+    def remember(self, manifest: Manifest) -> None: ...
+    def segment(self, ref: SegmentRef) -> Any: ...
+    def cache_segment(self, key: str, segment: Any) -> None: ...
+    def sample_index(self, entry: ShardEntry) -> Any: ...
+    def sample_indexes(self, entries: Any) -> Any: ...
+    def cache_index(self, index: Any) -> None: ...
+    def shard_url(self, entry: ShardEntry | str) -> str: ...
+    def advance_latest(self, version: int, num_attempts: int = 20) -> None: ...

@@ -8,7 +8,7 @@ on_write_failed), but committing through the dataset's manifest protocol
   the caller plans against the version's sample ids (regenerate/units.py);
 * `writer(unit_id)` opens a `ShardWriter` for one unit (in this process; a
   remote worker opens its own with the same dataset URI and provenance);
-* `on_unit_written(info, unit)` queues a finished shard and publishes a version
+* `on_unit_written(info, planned)` queues a finished shard and publishes a version
   every `commit_every_units` shards or `commit_every_seconds`, retrying a
   version race on top of the new latest version. With the unit, the samples
   it was asked for and did not produce are recorded as attempted, and the rows
@@ -53,7 +53,6 @@ class DatasetSink:
         commit_every_seconds: float = 300.0,
         max_commit_attempts: int = 5,
         session: WriteSession | None = None,
-        turns: str = "all",
         replaced: Mapping[str, str] | None = None,
         tombstones: Mapping[str, Iterable[str]] | None = None,
         new_lineage: bool = False,
@@ -67,7 +66,6 @@ class DatasetSink:
         self.commit_every_seconds = commit_every_seconds
         self.max_commit_attempts = max_commit_attempts
         self.session = session
-        self.turns = turns
         self.replaced = dict(replaced or {})
         self.tombstones = {p: set(ids) for p, ids in (tombstones or {}).items() if ids}
         self.new_lineage = new_lineage
@@ -91,17 +89,13 @@ class DatasetSink:
         """A writer for one unit's shard, in this process."""
         return self.dataset.writer(unit_id, self.provenance)
 
-    def on_unit_written(self, info: ShardInfo, unit=None) -> None:
+    def on_unit_written(self, info: ShardInfo, planned: Mapping[str, str] | None = None) -> None:
         """Queue a finished shard; publish when the batch is full or old enough.
 
-        `unit` (a regenerate.units.WorkUnit) is what the shard was planned from.
+        `planned`: sample id -> input hash of every sample the shard's unit was
+        planned to hold (the ones without a row are recorded as attempted).
         """
-        if unit is not None:
-            from pipeline.regenerate.units import sample_inputs
-
-            planned: dict[str, str] = {}
-            for conv in unit.conversations:
-                planned.update(sample_inputs(conv, self.turns))
+        if planned is not None:
             rows = {s[0] for s in info.samples}
             attempted = tuple(sorted((sid, h) for sid, h in planned.items() if sid not in rows))
             info = replace(info, attempted=attempted)
@@ -109,7 +103,7 @@ class DatasetSink:
                 if sid in self.replaced:
                     self._drops.setdefault(self.replaced[sid], set()).add(sid)
             if self.expected is not None:
-                self.expected.discard(unit.unit_id)
+                self.expected.discard(info.unit_id)
         self.pending.append(info)
         due = time.monotonic() - self._last_commit >= self.commit_every_seconds
         if len(self.pending) >= self.commit_every_units or due:
