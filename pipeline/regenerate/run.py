@@ -236,6 +236,7 @@ def run_regenerate(
             max_unit_attempts=regen.max_unit_attempts,
             unit_timeout_s=regen.unit_timeout_s,
             replica_stall_timeout_s=regen.replica_stall_timeout_s,
+            replica_restart_timeout_s=config.replicas.start_timeout_s,
         ),
     )
 

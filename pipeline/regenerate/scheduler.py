@@ -42,6 +42,8 @@ class SchedulerLimits:
     max_unit_attempts: int = 3
     unit_timeout_s: float = 7200.0
     replica_stall_timeout_s: float = 600.0
+    # A replica Ray is restarting must be up again within this long, else it leaves the pool.
+    replica_restart_timeout_s: float = 1800.0
     poll_seconds: float = 5.0
     # Backoff before retrying a unit after a transient error (full jitter).
     retry_base_delay_s: float = 2.0
@@ -63,6 +65,7 @@ class _Replica:
     state: str = "up"  # up | probing | dead
     load: int = 0
     probe: Any = None  # the ready() call in flight while it restarts
+    probe_started: float = 0.0
     stats: Any = None  # the stats() call in flight (stall check)
     stats_sent: float = 0.0
 
@@ -185,6 +188,7 @@ class UnitScheduler:
         if replica.state == "up":
             replica.state = "probing"
             replica.probe = replica.actor.ready.remote()  # answers once the restarted engine is up
+            replica.probe_started = time.monotonic()
 
     def _check_replicas(self, in_flight, queue, failed_on) -> None:
         import ray
@@ -194,7 +198,11 @@ class UnitScheduler:
         for index, replica in enumerate(self.replicas):
             if replica.state == "probing":
                 done, _ = ray.wait([replica.probe], timeout=0)
-                if done:
+                if not done and now - replica.probe_started > self.limits.replica_restart_timeout_s:
+                    replica.state = "dead"
+                    self.report.replicas_lost += 1
+                    log.error("replica did not come back; it leaves the pool %s", kv(replica=index))
+                elif done:
                     try:
                         info = ray.get(replica.probe)
                         replica.state, replica.probe = "up", None
