@@ -166,3 +166,51 @@ def test_ddp_neither_syncs_nor_broadcasts_the_frozen_target_tables(toy_shards, t
         assert not any(p.requires_grad for n, p in net.named_buffers())
     finally:
         dist.destroy_process_group()
+
+
+def _resume_copy(src, dst, step: int) -> None:
+    """A new run directory holding `src`'s checkpoint of `step` (and its metrics)."""
+    import shutil
+
+    name = f"step-{step:08d}"
+    (dst / "checkpoints").mkdir(parents=True)
+    shutil.copytree(src / "checkpoints" / name, dst / "checkpoints" / name)
+    (dst / "checkpoints" / "latest").write_text(name)
+    shutil.copy(src / "metrics.jsonl", dst / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_fsdp_trains_as_one_worker_and_checkpoints_cross_strategies(
+    toy_shards, tmp_path, ray_local
+):
+    """FSDP2 on two gloo workers: the same curve as one process; its checkpoint resumes
+    in one process, and a one-process (DDP-format) checkpoint resumes under FSDP."""
+    steps = dict(num_steps=4, checkpoint_every=2)
+    fsdp = dict(num_workers=2, distributed="fsdp")
+    one = train(_config(toy_shards, tmp_path / "one", **steps), export=False)
+    cut = train(_config(toy_shards, tmp_path / "fsdp", **steps, **fsdp), stop_after=2, export=False)
+    assert cut.steps == 2
+    _resume_copy(tmp_path / "fsdp", tmp_path / "fsdp-then-one", 2)
+    after_fsdp = train(_config(toy_shards, tmp_path / "fsdp-then-one", **steps), export=False)
+    _resume_copy(tmp_path / "one", tmp_path / "one-then-fsdp", 2)
+    under_fsdp = train(
+        _config(toy_shards, tmp_path / "one-then-fsdp", **steps, **fsdp), export=False
+    )
+    want = {m["step"]: m for m in one.metrics}
+    for run in (cut, after_fsdp, under_fsdp):
+        assert [m["step"] for m in run.metrics] == list(range(1, run.steps + 1))
+        for m in run.metrics:
+            for key in ("loss", "ce", "tv", "bce", "tau_tv", "grad_norm"):
+                assert m[key] == pytest.approx(want[m["step"]][key], rel=WORKER_RTOL), (
+                    m["step"],
+                    key,
+                )
+    ref = torch.load(latest_checkpoint(tmp_path / "one") / "state.pt", weights_only=False)
+    for run in ("fsdp-then-one", "one-then-fsdp"):
+        got = torch.load(latest_checkpoint(tmp_path / run) / "state.pt", weights_only=False)
+        assert set(got["model"]) == set(ref["model"])
+        worst = max(float((got["model"][k] - ref["model"][k]).abs().max()) for k in ref["model"])
+        assert worst < 1e-4, (run, worst)
+        assert got["optimizer"]["param_groups"][0]["params"] == list(range(len(ref["model"])))
+    assert under_fsdp.heldout["samples"] == one.heldout["samples"] > 0
+    assert under_fsdp.heldout["tau_tv"] == pytest.approx(one.heldout["tau_tv"], rel=1e-4)
