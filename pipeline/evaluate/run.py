@@ -369,23 +369,21 @@ def demo_report(
     live_prompts: int = 0,
     print_fn=print,
 ) -> EvalResult:
-    """The evaluation step of `make demo`: evaluate the demo's draft(s), print table + plot paths.
+    """The evaluation step of `make demo`: evaluate the demo's drafts, print table + plot paths.
 
     `dspark`: the demo's training run directory (or an export). Rows: the
-    DSpark draft, its backbone alone (what vLLM's CPU build serves), DFlash
-    and EAGLE-3 drafts where given (else n/a) and an untrained copy.
+    DSpark draft, its backbone alone (what vLLM's CPU build serves), the DFlash
+    and EAGLE-3 drafts that are given (only drafts that were trained), and an
+    untrained copy (the floor).
     """
     from pipeline.evaluate.config import parse_eval_config
     from pipeline.evaluate.drafters.load import draft_target
 
-    baseline = "not trained by the demo (bench/evaluate.py trains it)"
     drafts: list[dict] = [
         {"name": "DSpark", "path": str(dspark)},
         {"name": "DSpark backbone", "path": str(dspark), "use_heads": False},
-        {"name": "DFlash", "path": str(dflash)} if dflash else {"name": "DFlash", "note": baseline},
-        {"name": "EAGLE-3", "path": str(eagle3)}
-        if eagle3
-        else {"name": "EAGLE-3", "note": baseline},
+        *([{"name": "DFlash", "path": str(dflash)}] if dflash else []),
+        *([{"name": "EAGLE-3", "path": str(eagle3)}] if eagle3 else []),
         {"name": "untrained", "path": str(dspark), "untrained": True},
     ]
     data: dict[str, Any] = {

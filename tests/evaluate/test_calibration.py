@@ -8,10 +8,10 @@ import torch
 from pipeline.evaluate.calibration import (
     Calibration,
     conditional_events,
-    round_events,
     expected_calibration_error,
     fit_temperature,
     roc_auc,
+    round_events,
     truncated_lengths,
     truncation_sweep,
 )
