@@ -116,7 +116,7 @@ class DraftConfig(ConfigModel):
             confidence_with_markov=self.confidence_with_markov,
             rope_scaling=rope_scaling,
             embed_scale=embed_scale_of(cfg),
-            logit_softcap=logit_softcap_of(cfg),
+            logit_softcap=logit_softcap_of(target_config),
         )
 
 

@@ -16,7 +16,9 @@ with:
 * **Final logit soft-capping**: `c * tanh(logits / c)` (Gemma's
   `final_logit_softcapping`); the teacher distribution rebuilt from the
   stored hidden state must be the capped one, and the draft's base logits
-  pass through the same cap.
+  pass through the same cap. Read from the top-level config: transformers'
+  multimodal Gemma-3 class applies no cap even when its `text_config` names
+  one, and the target's function is what the draft must match.
 
 Multimodal checkpoints (Gemma-3 `Gemma3ForConditionalGeneration`, ...) keep
 the language model's config under `text_config`. No torch here: the training
@@ -68,6 +70,7 @@ def embed_scale_of(config: dict[str, Any]) -> float:
 
 
 def logit_softcap_of(config: dict[str, Any]) -> float | None:
-    """The target's final logit soft-cap (Gemma's final_logit_softcapping), else None."""
+    """The target's final logit soft-cap (Gemma's final_logit_softcapping), else None.
+    `config` is the whole checkpoint config (module docstring), not its text_config."""
     cap = config.get("final_logit_softcapping")
     return float(cap) if cap else None
