@@ -332,18 +332,21 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
         layer = config["transformer_layer_config"]
         rope_theta, rope_scaling = rope_of(layer)
         ours = config.get("dspark_targets") or {}
+        heads = layer["num_attention_heads"]
+        # Defaults where a writer left a field at its Qwen3 default (speculators'
+        # save_pretrained writes a diff; its target_hidden_size may be null).
         return DraftSpec(
             vocab_size=layer["vocab_size"],
             hidden_size=layer["hidden_size"],
-            target_hidden_size=config["target_hidden_size"],
+            target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
             num_layers=layer["num_hidden_layers"],
-            num_heads=layer["num_attention_heads"],
-            num_kv_heads=layer["num_key_value_heads"],
-            head_dim=layer["head_dim"],
+            num_heads=heads,
+            num_kv_heads=layer.get("num_key_value_heads") or heads,
+            head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
             intermediate_size=layer["intermediate_size"],
-            rms_norm_eps=layer["rms_norm_eps"],
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
-            max_position_embeddings=layer["max_position_embeddings"],
+            max_position_embeddings=layer.get("max_position_embeddings", 40960),
             rope_scaling=rope_scaling,
             embed_scale=float(ours.get("embed_scale", 1.0)),
             logit_softcap=ours.get("logit_softcap"),
