@@ -103,3 +103,74 @@ def test_speculators_loads_every_export(name, random_target_dir, tmp_path):
         spec = dataclasses.replace(spec, kind="dflash", markov_rank=0, confidence_head=False)
     assert back == spec
     assert set(tensors) == set(exported) - set(TARGET_TENSORS)
+
+
+def test_a_speculators_trained_dspark_drafts_the_same_through_our_import(
+    trained_target_dir, tmp_path, monkeypatch
+):
+    """speculators' own DSpark (eager path), saved with save_pretrained and loaded by
+    `load_draft`, computes the same block logits as speculators does, on a packed row of
+    two samples: positions, masks, RoPE and norms mean the same on both sides."""
+    import sys
+    from pathlib import Path
+
+    import speculators.models.dflash.core as dflash_core
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from train_parity import speculators_dspark
+
+    from pipeline.evaluate.drafters.load import load_draft
+    from pipeline.train.drafts.common import DraftInputs
+
+    g = torch.Generator().manual_seed(0)
+    spec = tiny_spec(
+        vocab_size=1600,
+        hidden_size=128,
+        target_hidden_size=128,
+        aux_layer_ids=(1, 2, 3),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=64,
+        block_size=4,
+        markov_rank=8,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    theirs = speculators_dspark(trained_target_dir, spec, mask_token_id=3).eval()
+    with torch.no_grad():  # not the init: trained-looking weights everywhere
+        for p in theirs.parameters():
+            if p.requires_grad:
+                p.normal_(0, 0.05, generator=g)
+    theirs.save_pretrained(str(tmp_path / "theirs"))
+    ours = load_draft(tmp_path / "theirs", target_dir=trained_target_dir).model
+
+    lengths = (9, 7)
+    t = sum(lengths)
+    ids = torch.randint(4, 1600, (1, t), generator=g)
+    feats = torch.randn(1, t, 3 * 128, generator=g)
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    anchors = torch.tensor([2, 5, 10, 11])  # packed-row indices: two in each sample
+    monkeypatch.setattr(
+        dflash_core, "select_anchors", lambda *a, **k: (anchors, torch.ones(4, dtype=torch.bool))
+    )
+    with torch.no_grad():
+        _, want, *_ = theirs._backbone_forward(
+            feats, ids, torch.ones(1, t), torch.randn(1, t, 128), doc, pos, max_anchors=4
+        )
+        block_ids = torch.full((1, 4, 4), 3)
+        block_ids[0, :, 0] = ids[0, anchors]
+        got = ours(
+            DraftInputs(
+                ctx_features=feats,
+                ctx_positions=pos,
+                ctx_doc=doc,
+                block_ids=block_ids,
+                block_anchor=pos[0, anchors][None],
+                block_doc=doc[0, anchors][None],
+                prev_ids=torch.zeros(1, 4, 4, dtype=torch.long),
+            )
+        ).base_logits
+    torch.testing.assert_close(got.view(1, 16, -1), want, atol=1e-4, rtol=1e-4)
