@@ -22,9 +22,13 @@ configuration in a fresh process so its peak is its own:
   memory (parameters, gradients, AdamW, frozen tables, activations per
   layer, the loss chunk), whose activation term is scaled by the ratio of
   measured to modelled activations on the CPU sweep.
-* `--device cuda`: the same step for the Qwen3-8B-class draft itself (and a
-  sequence sweep), peak from `torch.cuda.max_memory_allocated`, figures to
-  `--out` (JSON) for when a GPU is lent.
+* `--device cuda`: the same step for the Qwen3-8B-class draft itself, T =
+  1k -> 8k, with SDPA, compiled flex attention and (up to 2k) the earlier
+  dense path, peak from `torch.cuda.max_memory_allocated`; then the real
+  trainer on toy shards on the GPU (bf16, micro-batches, sdpa and flex, 60
+  steps: the loss must fall). Figures to `--out` (JSON), written as they
+  come, for when a GPU is lent:
+  `python bench/train_memory.py --device cuda --out $OUT/gpu_memory.json`.
 
 Results (CPU mode) merge into bench/results.json (keys `train_memory_*`) and a
 section of bench/RESULTS.md between train_memory markers.
@@ -138,7 +142,7 @@ def measure(preset: str, seq_len: int, vocab: int, path: str, device: str, steps
     table = torch.randn(vocab, spec.hidden_size) * 0.02
     model = build_draft(spec, table, table.clone(), frozen_dtype=frozen).to(dev)
     del table
-    model.attention = "sdpa" if path == "chunked" else "eager"
+    model.attention = {"chunked": "sdpa", "flex": "flex", "dense": "eager"}[path]
     weights = slot_weights(block_size=BLOCK, first_offset=1, gamma=4.0).to(dev)
     objective = DraftObjective(
         model, slot_weights=weights, loss_weights=(0.1, 1.8, 1.0, 0.0), chunk_size=CHUNK
@@ -150,7 +154,7 @@ def measure(preset: str, seq_len: int, vocab: int, path: str, device: str, steps
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with autocast:
-            if path == "chunked":
+            if path != "dense":
                 parts = objective(batch)
             else:  # the earlier path: full logits and full fp32 loss tensors
                 out = model(batch.inputs)
@@ -354,15 +358,66 @@ def projection(scale: float) -> dict:
     return out
 
 
+def gpu_trainer_smoke(work: Path) -> dict:
+    """The real trainer on the GPU: toy shards, bf16, flex attention, micro-batches."""
+    from pipeline.demo.reference_shards import write_reference_shards
+    from pipeline.train.config import parse_train_config
+    from pipeline.train.trainer import train
+
+    shards = work / "shards"
+    if not (shards / "_latest").exists():
+        write_reference_shards(shards, num_conversations=200, num_units=2)
+    out = {}
+    for attention in ("sdpa", "flex"):
+        config = parse_train_config(
+            dict(
+                target="toy:trained",
+                data=dict(uri=str(shards), num_anchors=64, heldout_fraction=0.05),
+                out_dir=str(work / f"run-{attention}"),
+                num_steps=60,
+                global_batch_size=16,
+                micro_batch_size=4,
+                draft=dict(num_layers=2, block_size=5, markov_rank=64),
+                optim=dict(lr=3e-3),
+                use_gpu=True,
+                precision="bf16",
+                attention=attention,
+                checkpoint_every=60,
+            )
+        )
+        result = train(config, export=False)
+        m = result.metrics
+        out[attention] = {
+            "loss_first5": round(statistics.mean(r["loss"] for r in m[:5]), 4),
+            "loss_last5": round(statistics.mean(r["loss"] for r in m[-5:]), 4),
+            "tau_tv_last5": round(statistics.mean(r["tau_tv"] for r in m[-5:]), 3),
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in m[5:]), 1),
+            "peak_memory_gb": m[-1].get("peak_memory_gb"),
+            "heldout": result.heldout,
+        }
+        print(json.dumps({attention: out[attention]}), flush=True)
+    return out
+
+
 def gpu_main(out_path: Path) -> None:
+    """Everything a lent GPU should measure, in one command; figures to `out_path`."""
+    import tempfile
+
     figures = {"device": "cuda", "runs": []}
     for seq_len in (1024, 2048, 4096, 8192):
-        for path in ("chunked",) if seq_len > 2048 else ("chunked", "dense"):
+        paths = ("chunked", "flex") + (("dense",) if seq_len <= 2048 else ())
+        for path in paths:
             figures["runs"].append(_run_one("qwen3-8b", seq_len, 151936, path, "cuda", 4))
             print(json.dumps(figures["runs"][-1]), flush=True)
+            out_path.write_text(json.dumps(figures, indent=2) + "\n")  # partial results kept
     figures["model"] = {
         str(t): estimate(QWEN3_8B, seq_len=t, vocab=151936, bf16=True) for t in (4096, 8192)
     }
+    with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
+        try:
+            figures["trainer_smoke"] = gpu_trainer_smoke(Path(tmp))
+        except Exception as err:  # keep the step figures even if the trainer run fails
+            figures["trainer_smoke"] = {"error": repr(err)}
     out_path.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"wrote {out_path}")
 
