@@ -189,3 +189,24 @@ def load_states(
         ],
     }
     set_optimizer_state_dict(objective, optimizer, by_name, options=options)
+
+
+def plain_copy(objective: nn.Module, *, rank: int) -> nn.Module | None:
+    """A one-process copy of an FSDP-wrapped DraftObjective (collective: every rank
+    gathers; rank 0 gets the copy, on the objective's device, the others None)."""
+    from pipeline.train.drafts.registry import draft_kind
+    from pipeline.train.objective import DraftObjective
+
+    state = model_state(objective, "fsdp")
+    if rank != 0:
+        return None
+    model = objective.model
+    copy = draft_kind(model.spec.kind).build(model.spec, model.embed_tokens, model.lm_head)
+    copy.load_state_dict(state)
+    copy.attention = model.attention
+    return DraftObjective(
+        copy.to(model.embed_tokens.device),
+        slot_weights=objective.slot_weights,
+        loss_weights=objective.loss_weights,
+        chunk_size=objective.chunk_size,
+    )

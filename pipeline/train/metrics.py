@@ -168,3 +168,12 @@ def heldout_metrics(objective, batches: Iterable[TrainBatch]) -> dict[str, float
     result = summarize(stats=stats, first_offset=spec.first_offset)
     result["samples"] = count
     return result
+
+
+def peak_memory_gb(device) -> float | None:
+    """Peak accelerator memory allocated so far (GB); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)

@@ -30,9 +30,10 @@ checkpoint, and `train()` loops over named steps:
 What differs between draft kinds (model class, loss weights, slot weights,
 mask token) comes from pipeline/train/drafts/registry.py. Checkpoints and
 metrics are written by rank 0 to `out_dir`: on a multi-node cluster that
-must be a shared filesystem. (Slightly over 400 lines: the public entry
+must be a shared filesystem. (A little over 400 lines: the public entry
 point, its result and the loop's named steps read best in one place; metrics,
-optimiser, checkpoints and the Ray launch already live beside it.)
+optimiser, checkpoints, the objective and the data-parallel wrappers live
+beside it.)
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from pipeline.train.drafts.registry import draft_kind
 from pipeline.train.metrics import (
     MetricsLog,
     heldout_metrics,
+    peak_memory_gb,
     read_metrics,
     read_summary,
     step_row,
@@ -373,7 +375,7 @@ class Trainer:
             seconds=time.perf_counter() - started,
             loss_weights=self.loss_weights,
             micro_batches=output.micro_batches,
-            peak_memory_gb=_peak_memory_gb(self.device),
+            peak_memory_gb=peak_memory_gb(self.device),
             block_size=spec.block_size,
             first_offset=spec.first_offset,
         )
@@ -411,27 +413,13 @@ class Trainer:
             dist.barrier()
 
     def _plain_objective(self):
-        """The objective as one process can run it: itself, or under FSDP (collective:
-        every rank gathers) a plain copy of the full draft on rank 0 (None elsewhere)."""
+        """The objective as one process can run it: itself, or under FSDP (collective)
+        a plain copy of the full draft on rank 0 (None elsewhere)."""
         if self.strategy != "fsdp":
             return self.objective
-        from pipeline.train.distributed import model_state
-        from pipeline.train.objective import DraftObjective
+        from pipeline.train.distributed import plain_copy
 
-        state = model_state(self.objective, self.strategy)
-        if self.rank != 0:
-            return None
-        model = draft_kind(self.spec.kind).build(
-            self.spec, self.model.embed_tokens, self.model.lm_head
-        )
-        model.load_state_dict(state)
-        model.attention = self.model.attention
-        return DraftObjective(
-            model.to(self.device),
-            slot_weights=self.slot_weights,
-            loss_weights=self.loss_weights,
-            chunk_size=self.config.loss.chunk_size,
-        )
+        return plain_copy(self.objective, rank=self.rank)
 
     def evaluate(self, objective=None, limit: int = HELDOUT_LIMIT) -> dict[str, float]:
         """Teacher-forced metrics on the held-out split (never trained on), of
@@ -448,15 +436,6 @@ class Trainer:
                 return heldout_metrics(objective, (b.to(self.device) for b in batches))
         finally:
             objective.train()
-
-
-def _peak_memory_gb(device) -> float | None:
-    """Peak accelerator memory allocated so far (GB); None on the CPU."""
-    if device.type != "cuda":
-        return None
-    import torch
-
-    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
 
 
 def summary_lines(result: TrainResult) -> list[str]:
