@@ -6,7 +6,9 @@
 The speculators library (0.9.0; pip install --no-deps speculators==0.9.0
 hs-connectors==0.9.0) trains its own DSpark (`DSparkDraftModel`: DFlash
 backbone, Markov head, confidence head) on this project's shards, through
-its eager CPU path (`draft_attn_impl="eager"`, `loss_implementation="eager"`),
+its eager CPU path (`draft_attn_impl="eager"`, `loss_implementation="eager"`;
+`PARITY_ATTN=sdpa` picks its SDPA attention instead, ~2.5x faster here with the
+same losses),
 with the same budget and draft size as the project's DSpark of
 bench/evaluate.py: the same samples in the same order (`--steps` steps of
 `--batch` sequences, the project's epoch plan), as many blocks per step (64
@@ -52,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS_PER_SEQUENCE = 64
+ATTN_IMPL = os.environ.get("PARITY_ATTN", "eager")  # speculators draft_attn_impl
 
 
 def _project_run(shards: Path, out: Path, steps: int, batch: int, heldout: float) -> float:
@@ -83,7 +86,7 @@ def speculators_dspark(target_dir: Path, spec, *, mask_token_id: int):
         max_position_embeddings=spec.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
     )
-    layer._attn_implementation = "eager"
+    layer._attn_implementation = ATTN_IMPL
     config = DSparkSpeculatorConfig(
         transformer_layer_config=layer,
         draft_vocab_size=spec.vocab_size,
