@@ -6,10 +6,11 @@
    states in the same pass, committing a dataset version under `<out>/dataset`;
 4. prints `inspect` of that version and a few regenerated answers read back
    from the shards, beside the corpus' reference answers;
-5. trains a DSpark draft on the dataset for a few minutes, exports it and
-   serves it with vLLM (output identical to plain decoding, acceptance counters);
-6. measures the draft's acceptance length per domain offline and prints the
-   table and the plot paths.
+5. trains a DSpark draft and the DFlash baseline on the dataset (same shards,
+   same budget), exports both and serves the DSpark draft's backbone with
+   vLLM (output identical to plain decoding, acceptance counters);
+6. measures both drafts' acceptance length per domain offline and prints the
+   table (only drafts it trained, and an untrained floor) and the plot paths.
 
 Every step is resumable: a second `make demo` reuses the target and finds the
 dataset's units committed.
@@ -65,16 +66,24 @@ def run_demo(
     print(inspect_dataset(config.output.uri).to_text())
     console.print(answers_table(config, model_dir))
 
-    console.rule("[bold]5. train a DSpark draft on the dataset, serve it with vLLM")
-    from pipeline.demo.train import train_demo_draft
+    console.rule("[bold]5. train DSpark and DFlash drafts on the dataset, serve DSpark with vLLM")
+    from pipeline.demo.train import DEMO_STEPS, train_demo_draft
 
-    trained = train_demo_draft(out_dir, data_uri=config.output.uri)
+    trained = {
+        kind: train_demo_draft(
+            out_dir, data_uri=config.output.uri, kind=kind, serve=kind == "dspark"
+        )
+        for kind in ("dspark", "dflash")
+    }
     console.print_json(data=trained)
+    log.info("trained %s", kv(steps_each=DEMO_STEPS, drafts=",".join(trained)))
 
     console.rule("[bold]6. acceptance length on the held-out split (offline, T=0)")
     from pipeline.evaluate import demo_report
 
-    evaluation = demo_report(out_dir / "eval", dspark=out_dir / "train")
+    evaluation = demo_report(
+        out_dir / "eval", dspark=out_dir / "train", dflash=out_dir / "train-dflash"
+    )
     log.info("demo done %s", kv(total_s=round(time.monotonic() - started, 1)))
     return {"summary": summary, "dataset": config.output.uri, "train": trained, "eval": evaluation}
 

@@ -1,12 +1,18 @@
-"""The training part of `make demo`: reference shards -> a toy DSpark draft -> vLLM.
+"""The training part of `make demo`: shards -> toy DSpark and DFlash drafts -> vLLM.
 
-`train_demo_draft` writes reference shards from the trained toy target (the
-HF reference path, until the regeneration stage's shards are used), trains a
-DSpark draft in the fill-in layout for a couple of minutes, exports it, and
-(with `serve`) decodes held-out prompts with vLLM's CPU build, plain and with
-the draft's DFlash backbone, returning vLLM's acceptance counters.
-`kind="eagle3"` trains the EAGLE-3 baseline instead (train-toy-eagle3.yaml)
-and serves it with vLLM's `eagle3` method.
+`train_demo_draft` trains one draft on the demo's dataset (or, without one,
+on reference shards it writes from the trained toy target), exports it, and
+(with `serve`) decodes held-out prompts with vLLM's CPU build, plain and
+speculatively, returning vLLM's acceptance counters. `kind`:
+
+* `dspark`: a DSpark draft in the fill-in layout (train-toy.yaml); vLLM
+  serves its DFlash backbone (the CPU build has no dspark method);
+* `dflash`: the DFlash baseline, the same config, shards and budget with the
+  heads off and CE only (`draft.kind: dflash`), served as `dflash`;
+* `eagle3`: the EAGLE-3 baseline (train-toy-eagle3.yaml), served as `eagle3`.
+
+`make demo` trains the first two (pipeline/demo/run.py), so its table
+compares DSpark with DFlash on equal terms.
 """
 
 from __future__ import annotations
@@ -19,13 +25,37 @@ from pipeline.demo import CONFIG_DIR
 
 DEMO_CONFIG = CONFIG_DIR / "train-toy.yaml"
 EAGLE3_CONFIG = DEMO_CONFIG.with_name("train-toy-eagle3.yaml")
+# Steps per draft: DSpark and DFlash each get this budget, so the two together take
+# about what the one 150-step DSpark run of earlier demos took (DFlash steps are cheaper).
+DEMO_STEPS = 100
+KINDS = {  # kind -> (config, run directory under out_dir, extra overrides)
+    "dspark": (DEMO_CONFIG, "train", {}),
+    "dflash": (DEMO_CONFIG, "train-dflash", {"draft.kind": "dflash"}),
+    "eagle3": (EAGLE3_CONFIG, "train-eagle3", {}),
+}
+
+
+def demo_train_config(out_dir: str | Path, shards: str, *, kind: str, num_steps: int = DEMO_STEPS):
+    """The TrainConfig of the demo's `kind` draft on `shards` (run dir under `out_dir`)."""
+    from pipeline.train.config import load_train_config
+
+    config_path, run_name, extra = KINDS[kind]
+    return load_train_config(
+        config_path,
+        overrides={
+            "data.uri": str(shards),
+            "out_dir": str(Path(out_dir) / run_name),
+            "num_steps": num_steps,
+            **extra,
+        },
+    )
 
 
 def train_demo_draft(
     out_dir: str | Path,
     *,
     num_conversations: int = 400,
-    num_steps: int = 150,
+    num_steps: int = DEMO_STEPS,
     serve: bool = True,
     num_prompts: int = 6,
     data_uri: str | None = None,
@@ -35,11 +65,10 @@ def train_demo_draft(
 
     from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.shards.manifest import Dataset
-    from pipeline.train.config import load_train_config
     from pipeline.train.trainer import train
 
-    if kind not in ("dspark", "eagle3"):
-        raise ValueError(f"kind {kind!r}: the demo trains 'dspark' or 'eagle3'")
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: the demo trains one of {sorted(KINDS)}")
     out_dir = Path(out_dir)
     started = time.monotonic()
     # Train on the given dataset (the demo's regenerated one), else on reference shards.
@@ -47,14 +76,7 @@ def train_demo_draft(
     if data_uri is None and Dataset.open(shards).latest_version() is None:
         write_reference_shards(shards, num_conversations=num_conversations, num_units=4)
     shard_seconds = time.monotonic() - started
-    config = load_train_config(
-        EAGLE3_CONFIG if kind == "eagle3" else DEMO_CONFIG,
-        overrides={
-            "data.uri": str(shards),
-            "out_dir": str(out_dir / ("train-eagle3" if kind == "eagle3" else "train")),
-            "num_steps": num_steps,
-        },
-    )
+    config = demo_train_config(out_dir, shards, kind=kind, num_steps=num_steps)
     result = train(config)
     first, last = result.metrics[0], result.metrics[-1]
     summary: dict[str, Any] = {
@@ -67,7 +89,7 @@ def train_demo_draft(
         "export_dir": str(result.export_dir),
         "dflash_dir": str(result.dflash_dir),
     }
-    served = result.export_dir if kind == "eagle3" else result.dflash_dir
+    served = result.dflash_dir if kind == "dspark" else result.export_dir
     if serve and served is not None:
         from transformers import AutoTokenizer
 

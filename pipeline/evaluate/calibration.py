@@ -5,7 +5,12 @@ token will be accepted given that positions 1..k-1 were. The events are
 therefore conditional: at position k only blocks whose first k-1 drafted
 tokens matched count, labelled 1 if token k matched too. Events come from
 every anchor of the held-out trajectories (each one a round under some
-truncation policy), at temperature 0.
+truncation policy), at temperature 0. A draft served at T > 0 is calibrated
+on the events of that temperature instead (`calibration.temperature`): the
+live loop's rejection-sampling verdicts per drafted position, where a token
+survives with probability min(1, p/q); the head's T=0 calibration does not
+transfer (exact matches are rarer than sampled acceptances), so the file
+records the temperature and `Calibration.load` refuses another one.
 
 Sequential temperature scaling: one temperature per position, fitted in
 position order on that position's conditional events (NLL, a 1-D convex
@@ -147,7 +152,10 @@ class Calibration:
     temperatures: tuple[float, ...]  # (n,) one per drafted position
     num_events: tuple[int, ...]  # (n,) calibration events per position
     num_samples: int  # calibration samples
-    method: str = "sequential temperature scaling (per position, conditional events, T=0)"
+    method: str = "sequential temperature scaling (per position, conditional events)"
+    # The sampling temperature of the events (what the draft serves at); files
+    # written before the field existed were fitted at 0.
+    sampling_temperature: float = 0.0
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """(..., n) logits -> calibrated conditional acceptance probabilities."""
@@ -163,22 +171,56 @@ class Calibration:
         return write_text_atomic(Path(export_dir) / CALIBRATION_FILE, text)
 
     @classmethod
-    def load(cls, export_dir: str | Path) -> Calibration:
-        data = json.loads((Path(export_dir) / CALIBRATION_FILE).read_text())
-        return cls(
+    def load(cls, export_dir: str | Path, *, temperature: float | None = None) -> Calibration:
+        """The stored calibration; with `temperature`, refuse one fitted at another."""
+        path = Path(export_dir) / CALIBRATION_FILE
+        data = json.loads(path.read_text())
+        cal = cls(
             temperatures=tuple(data["temperatures"]),
             num_events=tuple(data["num_events"]),
             num_samples=data["num_samples"],
             method=data["method"],
+            sampling_temperature=float(data.get("sampling_temperature", 0.0)),
         )
+        if temperature is not None and abs(temperature - cal.sampling_temperature) > 1e-9:
+            raise ValueError(
+                f"{path}: fitted at sampling temperature {cal.sampling_temperature}, asked for "
+                f"{temperature}: refit with calibration.temperature: {temperature}"
+            )
+        return cal
 
 
-def fit_calibration(events: Events, *, num_samples: int) -> Calibration:
+def fit_calibration(
+    events: Events, *, num_samples: int, sampling_temperature: float = 0.0
+) -> Calibration:
     temps = tuple(
         fit_temperature(logits=z, labels=y)
         for z, y in zip(events.logits, events.labels, strict=True)
     )
-    return Calibration(temps, tuple(int(z.numel()) for z in events.logits), num_samples)
+    return Calibration(
+        temps,
+        tuple(int(z.numel()) for z in events.logits),
+        num_samples,
+        sampling_temperature=sampling_temperature,
+    )
+
+
+def round_events(rounds: list[tuple[torch.Tensor, int]], num_draft_tokens: int) -> Events:
+    """Conditional events of verification rounds (confidence logits (n,), accepted count):
+    position k is reached when the first k drafted tokens survived, labelled by whether
+    token k did too (the live loop's rounds at T > 0)."""
+    import torch
+
+    logits: list[list[float]] = [[] for _ in range(num_draft_tokens)]
+    labels: list[list[bool]] = [[] for _ in range(num_draft_tokens)]
+    for conf, acc in rounds:
+        for k in range(min(acc + 1, num_draft_tokens)):
+            logits[k].append(float(conf[k]))
+            labels[k].append(acc > k)
+    return Events(
+        [torch.tensor(x, dtype=torch.float32) for x in logits],
+        [torch.tensor(x, dtype=torch.bool) for x in labels],
+    )
 
 
 def calibration_metrics(events: Events, calibration: Calibration | None) -> dict:

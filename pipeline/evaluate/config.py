@@ -89,6 +89,13 @@ class CalibrationConfig(ConfigModel):
     # Write confidence_calibration.json beside each draft's export directory.
     store: bool = True
     thresholds: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
+    # The sampling temperature the draft will serve at: the temperatures are fitted
+    # on acceptance events drawn at it (0: the exact offline walk; > 0: the live
+    # loop's rejection-sampling verdicts), and the stored file records it.
+    temperature: float = Field(0.0, ge=0.0)
+    # Live-loop prompts per split when temperature > 0 (fit / report halves).
+    num_prompts: int = Field(64, gt=0)
+    max_new_tokens: int = Field(128, gt=0)
 
 
 class VllmCheckConfig(ConfigModel):

@@ -213,6 +213,11 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
 
     drafts: dict[str, dict] = {}
     drafters: dict[str, Drafter] = {}
+    verifier = None  # the HF reference target, for the live loop (built once, when needed)
+    if loaded and (config.live is not None or config.calibration.temperature > 0):
+        from pipeline.evaluate.sampling import HFVerifier
+
+        verifier = HFVerifier(str(target_dir), next(iter(loaded.values())).spec.aux_layer_ids)
     for entry in config.drafts:
         if entry.name not in loaded:
             drafts[entry.name] = {"available": False, "note": entry.note or "no checkpoint given"}
@@ -221,13 +226,11 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
             entry.name, loaded[entry.name], use_heads=entry.use_heads
         )
         drafts[entry.name] = evaluate_draft(
-            config, entry, loaded[entry.name], drafter, fit_samples, eval_samples
+            config, entry, loaded[entry.name], drafter, fit_samples, eval_samples, verifier
         )
     if config.live is not None and drafters:
-        from pipeline.evaluate.sampling import HFVerifier, live_report
+        from pipeline.evaluate.sampling import live_report
 
-        aux = next(iter(loaded.values())).spec.aux_layer_ids
-        verifier = HFVerifier(str(target_dir), aux)
         prompts = _prompts(samples, config.live.num_prompts)
         for name, drafter in drafters.items():
             drafts[name]["live"] = {
@@ -242,6 +245,7 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
                 )
                 for temp in config.live.temperatures
             }
+    if verifier is not None:
         verifier.target.close()
 
     report: dict[str, Any] = {"target": config.target, "data": data_info, "drafts": drafts}
@@ -272,9 +276,12 @@ def evaluate_draft(
     drafter: Drafter,
     fit_samples: list[TrainingSample],
     eval_samples: list[TrainingSample],
+    verifier=None,
 ) -> dict[str, Any]:
     """One draft's row: the exact offline walk at T=0 over all held-out samples and, for
-    a confidence head, calibration fitted on `fit_samples`, reported on `eval_samples`."""
+    a confidence head, calibration fitted on `fit_samples`, reported on `eval_samples`,
+    at the temperature it will serve (`calibration.temperature`; > 0: events of the
+    live loop against `verifier`, the truncation sweep then omitted: it walks at T=0)."""
     from pipeline.evaluate.calibration import (
         calibration_metrics,
         conditional_events,
@@ -305,20 +312,47 @@ def evaluate_draft(
         result["note"] = entry.note
     calibrate = config.calibration.enabled and drafter.has_confidence and not entry.untrained
     if calibrate and fit_tables and eval_tables:
-        cal = fit_calibration(conditional_events(fit_tables, n), num_samples=len(fit_tables))
+        cc = config.calibration
+        if cc.temperature > 0:
+            from pipeline.evaluate.sampling import live_calibration_events
+
+            def events(samples, seed):
+                return live_calibration_events(
+                    drafter=drafter,
+                    verifier=verifier,
+                    samples=_prompts(samples, cc.num_prompts),
+                    temperature=cc.temperature,
+                    max_new_tokens=cc.max_new_tokens,
+                    seed=seed,
+                )
+
+            fit_events, eval_events = (
+                events(fit_samples, config.seed),
+                events(eval_samples, config.seed + 1),
+            )
+            num_fit = min(len(fit_samples), cc.num_prompts)
+        else:
+            fit_events, eval_events = (
+                conditional_events(fit_tables, n),
+                conditional_events(eval_tables, n),
+            )
+            num_fit = len(fit_tables)
+        cal = fit_calibration(fit_events, num_samples=num_fit, sampling_temperature=cc.temperature)
         result["calibration"] = {
             "temperatures": [round(t, 4) for t in cal.temperatures],
-            "fit_samples": len(fit_tables),
+            "sampling_temperature": cc.temperature,
+            "fit_samples": num_fit,
             "eval_samples": len(eval_tables),
-            "metrics": calibration_metrics(conditional_events(eval_tables, n), cal),
+            "metrics": calibration_metrics(eval_events, cal),
         }
-        result["truncation"] = truncation_sweep(
-            eval_tables,
-            calibration=cal,
-            thresholds=config.calibration.thresholds,
-            num_draft_tokens=n,
-        )
-        if config.calibration.store and draft.export_dir is not None:
+        if cc.temperature == 0:
+            result["truncation"] = truncation_sweep(
+                eval_tables,
+                calibration=cal,
+                thresholds=cc.thresholds,
+                num_draft_tokens=n,
+            )
+        if cc.store and draft.export_dir is not None:
             result["calibration"]["stored"] = str(cal.save(draft.export_dir))
     offline = result["offline_t0"]
     log.info("offline T=0 %s", kv(draft=entry.name, tau=offline["tau"], macro=offline["tau_macro"]))
@@ -335,23 +369,21 @@ def demo_report(
     live_prompts: int = 0,
     print_fn=print,
 ) -> EvalResult:
-    """The evaluation step of `make demo`: evaluate the demo's draft(s), print table + plot paths.
+    """The evaluation step of `make demo`: evaluate the demo's drafts, print table + plot paths.
 
     `dspark`: the demo's training run directory (or an export). Rows: the
-    DSpark draft, its backbone alone (what vLLM's CPU build serves), DFlash
-    and EAGLE-3 drafts where given (else n/a) and an untrained copy.
+    DSpark draft, its backbone alone (what vLLM's CPU build serves), the DFlash
+    and EAGLE-3 drafts that are given (only drafts that were trained), and an
+    untrained copy (the floor).
     """
     from pipeline.evaluate.config import parse_eval_config
     from pipeline.evaluate.drafters.load import draft_target
 
-    baseline = "not trained by the demo (bench/evaluate.py trains it)"
     drafts: list[dict] = [
         {"name": "DSpark", "path": str(dspark)},
         {"name": "DSpark backbone", "path": str(dspark), "use_heads": False},
-        {"name": "DFlash", "path": str(dflash)} if dflash else {"name": "DFlash", "note": baseline},
-        {"name": "EAGLE-3", "path": str(eagle3)}
-        if eagle3
-        else {"name": "EAGLE-3", "note": baseline},
+        *([{"name": "DFlash", "path": str(dflash)}] if dflash else []),
+        *([{"name": "EAGLE-3", "path": str(eagle3)}] if eagle3 else []),
         {"name": "untrained", "path": str(dspark), "untrained": True},
     ]
     data: dict[str, Any] = {

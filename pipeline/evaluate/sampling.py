@@ -22,7 +22,7 @@ prompts and reports tau per domain, in the offline walk's report format.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ class LiveRun:
     output: list[int]  # generated tokens
     accepted: list[int]  # accepted drafted tokens per round
     finish_reason: str  # "stop" | "length"
+    # (n,) confidence logits of each round's drafted tokens (a confidence head only)
+    confidence: list[torch.Tensor] = field(default_factory=list)
 
 
 def live_decode(
@@ -136,7 +138,7 @@ def live_decode(
     first = torch.multinomial(_probs(logits[-1:], temperature), 1, generator=generator)
     seq = list(prompt) + [int(first)]
     features = feats.to(fdt)  # (len(seq) - 1, k*H): every committed position but the anchor
-    output, accepted_log = [int(first)], []
+    output, accepted_log, confidence_log = [int(first)], [], []
     while output[-1] not in verifier.eos_ids and len(output) < max_new_tokens:
         a = len(seq) - 1
         ctx = torch.cat([features, features.new_zeros(1, features.shape[1])])
@@ -157,6 +159,8 @@ def live_decode(
         acc = int(verdict.accepted[0])
         new = drafted[:acc] + [int(verdict.next_token[0])]
         accepted_log.append(acc)
+        if blocks.confidence_logit is not None:
+            confidence_log.append(blocks.confidence_logit[0].detach())
         # Stop at end of turn or the token limit, as a serving engine truncates its output.
         for tok in new:
             seq.append(tok)
@@ -165,7 +169,37 @@ def live_decode(
                 break
         features = feats[: len(seq) - 1].to(fdt)
     finish = "stop" if output[-1] in verifier.eos_ids else "length"
-    return LiveRun(output, accepted_log, finish)
+    return LiveRun(output, accepted_log, finish, confidence_log)
+
+
+def live_calibration_events(
+    *,
+    drafter: Drafter,
+    verifier: HFVerifier,
+    samples: Sequence[TrainingSample],
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+):
+    """calibration.Events of the live loop at `temperature` over the prompts of `samples`:
+    every round's confidence logits against its rejection-sampling verdicts."""
+    import torch
+
+    from pipeline.evaluate.calibration import round_events
+
+    rounds = []
+    generator = torch.Generator().manual_seed(seed)
+    for s in samples:
+        run = live_decode(
+            drafter=drafter,
+            verifier=verifier,
+            prompt=s.input_ids[: s.num_prompt_tokens].tolist(),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generator=generator,
+        )
+        rounds.extend(zip(run.confidence, run.accepted, strict=True))
+    return round_events(rounds, drafter.num_draft_tokens)
 
 
 def live_report(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
+from pipeline.train.drafts.family import embed_scale_of, language_config, logit_softcap_of, rope_of
 from pipeline.train.drafts.registry import KINDS, draft_kind
 from pipeline.train.drafts.spec import DraftSpec
 
@@ -85,9 +86,11 @@ class DraftConfig(ConfigModel):
     def resolve(
         self, target_config: dict, *, aux_layer_ids: Sequence[int], mask_token_id: int
     ) -> DraftSpec:
-        """The DraftSpec: unset sizes filled from the target's config.json contents."""
-        cfg = target_config
-        rope = cfg.get("rope_parameters") or {}
+        """The DraftSpec: unset sizes filled from the target's config.json contents
+        (its language model's, for a multimodal checkpoint), and what the draft copies
+        from the target's family (pipeline/train/drafts/family.py)."""
+        cfg = language_config(target_config)
+        rope_theta, rope_scaling = rope_of(cfg)
         hidden = cfg["hidden_size"]
         heads = self.num_heads or cfg["num_attention_heads"]
         with_heads = draft_kind(self.kind).heads
@@ -99,11 +102,11 @@ class DraftConfig(ConfigModel):
             aux_layer_ids=tuple(int(i) for i in aux_layer_ids),
             num_layers=self.num_layers,
             num_heads=heads,
-            num_kv_heads=self.num_kv_heads or cfg.get("num_key_value_heads", heads),
+            num_kv_heads=self.num_kv_heads or cfg.get("num_key_value_heads") or heads,
             head_dim=self.head_dim or cfg.get("head_dim") or hidden // heads,
             intermediate_size=self.intermediate_size or cfg["intermediate_size"],
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1e6))),
+            rope_theta=rope_theta,
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
             block_size=self.block_size,
             mask_token_id=mask_token_id,
@@ -111,6 +114,9 @@ class DraftConfig(ConfigModel):
             markov_rank=self.markov_rank if with_heads else 0,
             confidence_head=with_heads and self.confidence_head,
             confidence_with_markov=self.confidence_with_markov,
+            rope_scaling=rope_scaling,
+            embed_scale=embed_scale_of(cfg),
+            logit_softcap=logit_softcap_of(target_config),
         )
 
 
@@ -123,10 +129,15 @@ def resolve_spec(
 
 
 class LossConfig(ConfigModel):
-    """Weights of `0.1 CE + 0.9 TV + 1.0 BCE (+ KL)`; None picks the kind's default
-    (dspark: 0.1/0.9/1.0, dflash: CE only, eagle3: forward KL to the target only)."""
+    """Weights of `0.1 CE + 0.9 L1 + 1.0 BCE (+ KL)`; None picks the kind's default
+    (dspark: 0.1/0.9/1.0 with L1 = ||p_draft - p_target||_1, the DSpark paper's Eq. 10
+    and its reference code; dflash: CE only; eagle3: forward KL to the target only)."""
 
     ce_weight: float | None = Field(None, ge=0.0)
+    # Weight of the L1 distance ||p_draft - p_target||_1 (= 2 TV).
+    l1_weight: float | None = Field(None, ge=0.0)
+    # Weight of TV = 1/2 ||p_draft - p_target||_1 instead (what earlier versions
+    # called the distribution term: tv_weight 0.9 is l1_weight 0.45). Set one of the two.
     tv_weight: float | None = Field(None, ge=0.0)
     bce_weight: float | None = Field(None, ge=0.0)
     # Forward KL(p_target || p_draft): EAGLE-3's soft-label loss (same gradient as
@@ -137,13 +148,27 @@ class LossConfig(ConfigModel):
     # eagle3 only: step s (0-based) of the unrolled training-time test is
     # weighted by ttt_step_decay**s (EAGLE-3: 0.8); replaces gamma.
     ttt_step_decay: float = Field(0.8, gt=0.0, le=1.0)
+    # Valid slots per chunk of the vocabulary-sized loss: memory only (logits and
+    # softmaxes exist for this many slots at a time), not the loss' value.
+    chunk_size: int = Field(1024, gt=0)
+
+    @model_validator(mode="after")
+    def _one_distribution_weight(self) -> LossConfig:
+        if self.l1_weight is not None and self.tv_weight is not None:
+            raise ValueError("set l1_weight or tv_weight, not both (tv_weight w is l1_weight w/2)")
+        return self
 
     def weights(self, kind: str) -> tuple[float, float, float]:
-        """(ce, tv, bce) weights for a draft of `kind`."""
+        """(ce, tv, bce) weights for a draft of `kind`; the distribution term as a
+        weight on TV (an L1 weight w is a TV weight 2w)."""
         default = draft_kind(kind).loss
+        if self.tv_weight is not None:
+            tv = self.tv_weight
+        else:
+            tv = 2.0 * (default.l1 if self.l1_weight is None else self.l1_weight)
         return (
             default.ce if self.ce_weight is None else self.ce_weight,
-            default.tv if self.tv_weight is None else self.tv_weight,
+            tv,
             default.bce if self.bce_weight is None else self.bce_weight,
         )
 
@@ -166,6 +191,9 @@ class TrainDataConfig(ConfigModel):
     num_anchors: int = Field(512, gt=0)
     # Packing budget: context tokens per packed row (a longer sample gets a row alone).
     max_row_tokens: int = Field(4096, gt=0)
+    # Samples longer than this keep their first max_seq_len tokens (None: no limit).
+    # 4096: the DSpark reference recipe's sequence length.
+    max_seq_len: int | None = Field(4096, gt=1)
     # Batches the background thread builds ahead.
     prefetch: int = Field(2, ge=0)
     # samples: every step's global batch is the same whatever the world size
@@ -175,14 +203,15 @@ class TrainDataConfig(ConfigModel):
 
 
 class OptimConfig(ConfigModel):
-    """AdamW with linear warmup and cosine decay (DSpark reference: lr 6e-4, 4% warmup)."""
+    """AdamW with linear warmup and cosine decay, the DSpark reference's settings:
+    lr 6e-4, 4% warmup, torch's default betas (0.9, 0.999), no weight decay, clip 1.0."""
 
     lr: float = Field(6e-4, gt=0.0)
     warmup_fraction: float = Field(0.04, ge=0.0, lt=1.0)
     min_lr_fraction: float = Field(0.0, ge=0.0, le=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    beta2: float = Field(0.999, ge=0.0, lt=1.0)
     grad_clip: float = Field(1.0, gt=0.0)
 
 
@@ -216,12 +245,28 @@ class TrainConfig(ConfigModel):
     num_steps: int = Field(gt=0)
     # Sequences per optimiser step, over all workers.
     global_batch_size: int = Field(gt=0)
+    # Sequences per forward/backward on one worker; gradients accumulate over
+    # global_batch_size / (num_workers * micro_batch_size) micro-batches (DDP skips
+    # the all-reduce until the last). None: one micro-batch of the worker's share.
+    # The DSpark reference recipe: 1 (one 4k-token sample), global batch 512.
+    micro_batch_size: int | None = Field(None, gt=0)
     draft: DraftConfig = DraftConfig()
     loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
     export: ExportConfig = ExportConfig()
     # 1: train in this process; >1: Ray Train TorchTrainer with this many workers.
     num_workers: int = Field(1, gt=0)
+    # Data parallelism over the workers: ddp (every worker holds the whole draft)
+    # or fsdp (FSDP2 fully_shard: parameters, gradients and AdamW state sharded per
+    # draft layer; for target-width drafts of very large targets).
+    distributed: Literal["ddp", "fsdp"] = "ddp"
+    # fp32, or bf16 autocast with fp32 master weights (frozen target tables in
+    # bf16); auto: bf16 on GPU, fp32 on CPU.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # Block attention (pipeline/train/drafts/common.py): sdpa (fused kernels, any
+    # device), flex (block-sparse flex_attention, compiled; GPU only: it has no
+    # CPU backward), eager (the reference; materialises the scores).
+    attention: Literal["sdpa", "flex", "eager"] = "sdpa"
     # Force Ray Train even for one worker (e.g. to get a GPU worker on a cluster).
     use_ray: bool = False
     use_gpu: bool = False
@@ -239,7 +284,30 @@ class TrainConfig(ConfigModel):
                 f"global_batch_size {self.global_batch_size} is not a multiple of "
                 f"num_workers {self.num_workers}: make it one, so every worker gets equal batches"
             )
+        share = self.global_batch_size // self.num_workers
+        if self.micro_batch_size is not None and share % self.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size {self.micro_batch_size} does not divide a worker's share "
+                f"{share} of global_batch_size {self.global_batch_size} over "
+                f"{self.num_workers} worker(s): pick a divisor of {share}"
+            )
+        if self.attention == "flex" and not self.use_gpu:
+            raise ValueError(
+                "attention: flex needs a GPU (flex_attention has no CPU backward): set "
+                "use_gpu: true or attention: sdpa"
+            )
         return self
+
+    @property
+    def bf16(self) -> bool:
+        """Whether the run trains under bf16 autocast (precision auto: on GPU)."""
+        return self.precision == "bf16" or (self.precision == "auto" and self.use_gpu)
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimiser step on one worker."""
+        share = self.global_batch_size // self.num_workers
+        return share // (self.micro_batch_size or share)
 
 
 def parse_train_config(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:

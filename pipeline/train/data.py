@@ -16,6 +16,13 @@
 * **Anchors**: up to `num_anchors` per sequence among loss-mask positions whose
   next token is also a loss-mask token, redrawn every epoch (seeded per
   sample), so the same sample yields different blocks each epoch.
+* **Truncation**: a sample longer than `max_seq_len` keeps its first
+  `max_seq_len` tokens (prompt first, then the answer's beginning); anchors are
+  drawn on what is kept, so memory per sample is bounded whatever the answer.
+* **Micro-batches**: a rank's share of a step's global batch comes as
+  micro-batches of `micro_batch_size` samples, each packed on its own; the
+  trainer accumulates their gradients. Anchors are seeded per sample, so the
+  split changes nothing but the memory a forward needs.
 * **Packing**: samples share a row up to `max_row_tokens` context tokens; the
   attention mask keeps them apart (drafts/common.py: context_mask).
 * **Prefetch**: a background thread builds batches ahead.
@@ -23,6 +30,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,12 +85,17 @@ class TrainBatch:
             self.num_tokens,
         )
 
-    def teacher_logits(self, model) -> torch.Tensor:
-        """(R, Nb, B, V) the target's logits for the token each block slot drafts, rebuilt
-        from the stored post-norm final hidden states through the draft's frozen lm_head."""
+    def teacher_hidden(self) -> torch.Tensor:
+        """(R, Nb, B, H) the target's stored post-norm final hidden state whose logits
+        (through the frozen lm_head) give the distribution of each slot's token."""
         r, nb, b = self.teacher_index.shape
         idx = self.teacher_index.view(r, nb * b, 1).expand(-1, -1, self.last_hidden.shape[-1])
-        return model.target_logits(self.last_hidden.gather(1, idx)).view(r, nb, b, -1)
+        return self.last_hidden.gather(1, idx).view(r, nb, b, -1)
+
+    def teacher_logits(self, model) -> torch.Tensor:
+        """(R, Nb, B, V) the target's logits for every slot (dense: tests and tiny models;
+        the trainer's chunked loss never builds this)."""
+        return model.target_logits(self.teacher_hidden())
 
 
 def is_heldout(sample_id: str, fraction: float) -> bool:
@@ -123,6 +136,9 @@ class TrainingData:
 
     def check(self, *, target: str, target_config: dict, aux_layer_ids: list[int] | None) -> None:
         """Raise DataMismatchError unless this data fits the target and draft."""
+        from pipeline.train.drafts.family import language_config
+
+        target_config = language_config(target_config)
         prov = self.provenance
         problems = []
         if prov.layer_convention != VLLM_AUX_CONVENTION:
@@ -204,7 +220,8 @@ class TrainingData:
         return order
 
     def decode(self, refs: list[RowRef]) -> list[TrainingSample]:
-        """Decode exactly these rows (consecutive refs of one row group share one read)."""
+        """Decode exactly these rows (consecutive refs of one row group share one read),
+        each truncated to `max_seq_len` tokens."""
         out = []
         i = 0
         while i < len(refs):
@@ -215,7 +232,10 @@ class TrainingData:
             table = self._row_group(*key)
             entry = self.manifest.shards[key[0]]
             out.extend(
-                decode_rows(table.take([r.row for r in refs[i:j]]), self.dataset.shard_url(entry))
+                truncate(s, self.cfg.max_seq_len)
+                for s in decode_rows(
+                    table.take([r.row for r in refs[i:j]]), self.dataset.shard_url(entry)
+                )
             )
             i = j
         return out
@@ -232,6 +252,23 @@ class TrainingData:
 
 
 # ---------------------------------------------------------------------- batches
+
+
+def truncate(sample: TrainingSample, max_len: int | None) -> TrainingSample:
+    """The first `max_len` tokens of `sample` (itself when it is not longer)."""
+    t = len(sample.input_ids)
+    if max_len is None or t <= max_len:
+        return sample
+    return dataclasses.replace(
+        sample,
+        input_ids=sample.input_ids[:max_len],
+        loss_mask=sample.loss_mask[:max_len],
+        hidden_states=sample.hidden_states[:max_len],
+        last_hidden_state=sample.last_hidden_state[:max_len],
+        num_prompt_tokens=min(sample.num_prompt_tokens, max_len),
+        num_generated_tokens=max(0, max_len - sample.num_prompt_tokens),
+        finish_reason="truncated",
+    )
 
 
 def choose_anchors(
@@ -336,8 +373,10 @@ def iter_batches(
     rank: int = 0,
     world_size: int = 1,
     start: DataPosition = DataPosition(0, 0),
-) -> Iterator[tuple[TrainBatch, DataPosition]]:
-    """Endless (batch for this rank, position after it) pairs from `start` on."""
+    micro_batch_size: int | None = None,
+) -> Iterator[tuple[list[TrainBatch], DataPosition]]:
+    """Endless (micro-batches of this rank's share of a step, position after the step)
+    pairs from `start` on; `micro_batch_size` samples each (None: one micro-batch)."""
     cfg = data.cfg
     by_shards = cfg.split == "shards"
     local_shards = set(range(rank, len(data.manifest.shards), world_size)) if by_shards else None
@@ -356,8 +395,17 @@ def iter_batches(
             mine = chunk if by_shards else chunk[rank::world_size]
             samples = data.decode(mine)
             anchors = sample_anchors(samples, num_anchors=cfg.num_anchors, seed=seed, epoch=epoch)
-            batch = pack(samples, anchors, spec=spec, max_row_tokens=cfg.max_row_tokens)
-            yield batch, DataPosition(epoch, (i + 1) * per_step)
+            size = micro_batch_size or len(samples)
+            micro = [
+                pack(
+                    samples[j : j + size],
+                    anchors[j : j + size],
+                    spec=spec,
+                    max_row_tokens=cfg.max_row_tokens,
+                )
+                for j in range(0, len(samples), size)
+            ]
+            yield micro, DataPosition(epoch, (i + 1) * per_step)
         epoch, consumed = epoch + 1, 0
 
 

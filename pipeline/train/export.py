@@ -25,8 +25,15 @@ EAGLE-3 (`speculators_model_type: "eagle3"`, vLLM's `Eagle3Qwen3ForCausalLM`):
 appends the stream after layer k for id k, no shift for eagle3),
 `norm_before_residual: false` (what the trainer's layer does; vLLM's default
 when the key is absent is true), tensors `fc.weight`, `layers.0.*` (q/k/v read
-the 2H input), `layers.0.hidden_norm.weight`, `norm.weight`; no lm_head,
-embed_tokens, d2t/t2d (full vocabulary: vLLM shares the target's).
+the 2H input), `layers.0.hidden_norm.weight`, `norm.weight`, and the target's
+`embed_tokens.weight` and `lm_head.weight` (speculators' Eagle3 reads both from
+the checkpoint and leaves them uninitialised otherwise; vLLM loads them as the
+draft's own, the same values it would share); no d2t/t2d (full vocabulary).
+
+Every format's `transformer_layer_config.rope_parameters` is the target's RoPE
+with its scaling (YaRN, linear, llama3), so the served draft rotates as the
+trained one did; what the format has no field for (Gemma's embedding scale
+and final logit soft-cap) travels in the `dspark_targets` block.
 
 Which format a draft kind exports as (and its backbone, if any) is the
 registry's (pipeline/train/drafts/registry.py); this module writes and reads
@@ -43,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.train.checkpoint import load_checkpoint
+from pipeline.train.drafts.family import rope_of
 from pipeline.train.drafts.registry import draft_kind
 from pipeline.train.drafts.spec import DraftSpec
 
@@ -75,7 +83,12 @@ def _layer_config(spec: DraftSpec, target_config: dict) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": spec.rms_norm_eps,
         "max_position_embeddings": spec.max_position_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        # The target's RoPE, scaling included: what the draft was trained with.
+        "rope_parameters": {
+            "rope_type": "default",
+            **(spec.rope_scaling or {}),
+            "rope_theta": spec.rope_theta,
+        },
         "rope_theta": spec.rope_theta,
         "attention_bias": False,
         "tie_word_embeddings": False,
@@ -91,11 +104,20 @@ def _verifier(verifier: str, target_config: dict) -> dict:
 
 
 def _provenance(spec: DraftSpec) -> dict:
-    """What this project adds to config.json (readers other than vLLM use it)."""
+    """What this project adds to config.json (readers other than vLLM use it): the
+    convention, the kind, and what the draft copies from the target's family
+    (embedding scale, logit soft-cap) that the speculators format has no field for."""
     return {
         "aux_layer_convention": "aux id k = residual stream after k decoder layers",
         "trained_kind": spec.kind,
+        "embed_scale": spec.embed_scale,
+        "logit_softcap": spec.logit_softcap,
     }
+
+
+# Tensors of the target an EAGLE-3 export carries (speculators' Eagle3 reads its
+# embeddings and lm_head from the checkpoint; vLLM loads them as the draft's own).
+TARGET_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 
 
 def eagle3_config(
@@ -200,8 +222,10 @@ def export_draft(
     verifier: str,
     target_config: dict,
     dtype: str | None = None,
+    target_tensors: dict | None = None,
 ) -> Path:
-    """Write one speculators-format directory; returns it."""
+    """Write one speculators-format directory; returns it. `target_tensors` (the
+    target's `embed_tokens.weight` and `lm_head.weight`) go into EAGLE-3 exports."""
     import torch
     from safetensors.torch import save_file
 
@@ -217,6 +241,14 @@ def export_draft(
         # The confidence head stays fp32 (vLLM builds it with params_dtype float32).
         want = torch.float32 if name.startswith("confidence_head.") else torch_dtype
         tensors[name] = tensor.detach().to("cpu", want).contiguous()
+    if model_type == "eagle3":
+        if not target_tensors:
+            raise ValueError(
+                "an eagle3 export carries the target's embed_tokens and lm_head "
+                "(speculators' Eagle3 reads them from the checkpoint): pass target_tensors"
+            )
+        for name in TARGET_TENSORS:
+            tensors[name] = target_tensors[name].detach().to("cpu", torch_dtype).contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
@@ -234,6 +266,12 @@ def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = Non
     target_dir = resolve_model(ckpt.target)
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
     model_type = kind.format_for(spec)
+    target_tensors = None
+    if model_type == "eagle3":
+        from pipeline.train.drafts.common import load_target_head
+
+        embed, head = load_target_head(target_dir, dtype=None)
+        target_tensors = dict(zip(TARGET_TENSORS, (embed, head), strict=True))
     draft = export_draft(
         state=ckpt.model_state(),
         spec=spec,
@@ -241,6 +279,7 @@ def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = Non
         model_type=model_type,
         verifier=verifier or str(Path(target_dir).resolve()),
         target_config=target_config,
+        target_tensors=target_tensors,
     )
     return ExportPaths(draft, draft if model_type != kind.export_format else None)
 
@@ -291,19 +330,26 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
                 f"{where}: speculators_model_type {model_type!r} is none of {sorted(_READERS)}"
             )
         layer = config["transformer_layer_config"]
-        rope = layer.get("rope_parameters") or {}
+        rope_theta, rope_scaling = rope_of(layer)
+        ours = config.get("dspark_targets") or {}
+        heads = layer["num_attention_heads"]
+        # Defaults where a writer left a field at its Qwen3 default (speculators'
+        # save_pretrained writes a diff; its target_hidden_size may be null).
         return DraftSpec(
             vocab_size=layer["vocab_size"],
             hidden_size=layer["hidden_size"],
-            target_hidden_size=config["target_hidden_size"],
+            target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
             num_layers=layer["num_hidden_layers"],
-            num_heads=layer["num_attention_heads"],
-            num_kv_heads=layer["num_key_value_heads"],
-            head_dim=layer["head_dim"],
+            num_heads=heads,
+            num_kv_heads=layer.get("num_key_value_heads") or heads,
+            head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
             intermediate_size=layer["intermediate_size"],
-            rms_norm_eps=layer["rms_norm_eps"],
-            rope_theta=float(rope.get("rope_theta", layer.get("rope_theta", 1e6))),
-            max_position_embeddings=layer["max_position_embeddings"],
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            max_position_embeddings=layer.get("max_position_embeddings", 40960),
+            rope_scaling=rope_scaling,
+            embed_scale=float(ours.get("embed_scale", 1.0)),
+            logit_softcap=ours.get("logit_softcap"),
             **_READERS[model_type](config),
         )
     except (KeyError, IndexError) as err:
@@ -320,7 +366,9 @@ def read_export(path: str | Path, *, weights: bool = True) -> tuple[DraftSpec, d
         return spec, None
     from safetensors.torch import load_file
 
-    return spec, load_file(str(path / WEIGHTS))
+    tensors = load_file(str(path / WEIGHTS))
+    # The target's own tables (EAGLE-3 exports carry them) are not draft weights.
+    return spec, {k: v for k, v in tensors.items() if k not in TARGET_TENSORS}
 
 
 def export_target(path: str | Path) -> str:

@@ -1,9 +1,21 @@
 """DSpark losses and training metrics: pure keyword-only functions over tensors.
 
-`0.1 CE + 0.9 TV + 1.0 BCE(confidence, 1 - TV)` (DESIGN.md §6), each slot
-weighted by `exp(-(k-1)/gamma)` where k is the 1-based index of the token the
-slot drafts. The target distribution comes from the stored post-norm final
-hidden state through the frozen lm_head (the caller passes those logits).
+`0.1 CE + 0.9 L1 + 1.0 BCE(confidence, 1 - TV)` (DESIGN.md §6; the DSpark
+paper's Eq. 10 and its reference code: L1 = ||p_draft - p_target||_1 = 2 TV),
+each slot weighted by `exp(-(k-1)/gamma)` where k is the 1-based index of the
+token the slot drafts. The target distribution comes from the stored
+post-norm final hidden state through the frozen lm_head. Internally the
+distribution term is carried as a weight on TV (`tv_weight` = 2 x the L1
+weight), the quantity the metrics and the confidence label use.
+
+Two forms of the same loss:
+
+* `draft_loss` over full (R, Nb, B, V) logits: the dense reference (tests,
+  tiny models);
+* `chunked_draft_loss` over the final hidden states: logits, target logits and
+  their softmaxes exist for `chunk_size` slots at a time, each chunk
+  recomputed in backward (activation checkpointing), so no (N, V) fp32 tensor
+  of the whole batch is ever held. What the trainer runs.
 
 The EAGLE-3 baseline uses the same function with only the forward-KL term
 `KL(p_target || p_draft)` (EAGLE-3's soft-label cross-entropy minus the
@@ -18,6 +30,7 @@ gradient is exact for the global batch (1 worker == N workers).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +58,7 @@ class LossParts:
     weight_sum: torch.Tensor  # scalar: sum of w over valid slots (the local normaliser)
     tv: torch.Tensor  # (R, Nb, B) per-slot TV (detached; 0 where invalid)
     kl_sum: torch.Tensor | None = None  # scalar: sum of w * KL(target || draft); 0 if unweighted
+    match: torch.Tensor | None = None  # (R, Nb, B) bool: argmax of the draft == target token
 
 
 def draft_loss(
@@ -92,6 +106,8 @@ def draft_loss(
     ) / norm
     tv_full = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
     tv_full[sel] = tv.detach()
+    match = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
+    match[sel] = draft.argmax(-1) == target_ids[sel]
     return LossParts(
         total,
         ce_sum.detach(),
@@ -100,6 +116,98 @@ def draft_loss(
         weight_sum,
         tv_full,
         kl_sum.detach(),
+        match,
+    )
+
+
+def _slot_terms(
+    hidden: torch.Tensor,  # (n, d)
+    markov: torch.Tensor | None,  # (n, r)
+    teacher_hidden: torch.Tensor,  # (n, H)
+    ids: torch.Tensor,  # (n,)
+    *,
+    logits_fn: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+    teacher_fn: Callable[[torch.Tensor], torch.Tensor],
+    tv_grad: bool,
+    with_kl: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ce, tv, kl, match) of n slots; the (n, V) tensors live only inside this call."""
+    logp = F.log_softmax(logits_fn(hidden, markov).float(), dim=-1)  # (n, V)
+    with torch.no_grad():
+        logq = F.log_softmax(teacher_fn(teacher_hidden).float(), dim=-1)
+        match = logp.argmax(-1) == ids
+    ce = -logp.gather(-1, ids[:, None]).squeeze(-1)
+    p = logp.exp() if tv_grad else logp.detach().exp()
+    tv = 0.5 * (p - logq.exp()).abs().sum(-1)
+    kl = (logq.exp() * (logq - logp)).sum(-1) if with_kl else torch.zeros_like(tv)
+    return ce, tv, kl, match
+
+
+def chunked_draft_loss(
+    *,
+    hidden: torch.Tensor,  # (R, Nb, B, d) the draft's final hidden states
+    markov: torch.Tensor | None,  # (R, Nb, B, r) the Markov head's input W1[prev]
+    teacher_hidden: torch.Tensor,  # (R, Nb, B, H) target's post-norm state for each slot
+    logits_fn: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],  # (n,d),(n,r)->(n,V)
+    teacher_fn: Callable[[torch.Tensor], torch.Tensor],  # (n, H) -> (n, V) target logits
+    target_ids: torch.Tensor,  # (R, Nb, B)
+    valid: torch.Tensor,  # (R, Nb, B) bool
+    weights: torch.Tensor,  # (B,)
+    confidence_logit: torch.Tensor | None,  # (R, Nb, B)
+    ce_weight: float,
+    tv_weight: float,
+    bce_weight: float,
+    normalizer: float | torch.Tensor | None = None,
+    kl_weight: float = 0.0,
+    chunk_size: int = 1024,
+) -> LossParts:
+    """`draft_loss` computed `chunk_size` valid slots at a time (module docstring)."""
+    from torch.utils.checkpoint import checkpoint
+
+    sel = valid.nonzero(as_tuple=True)
+    w = weights.to(hidden.device)[sel[2]]  # (N,)
+    h, ids, th = hidden[sel], target_ids[sel], teacher_hidden[sel]
+    m = None if markov is None else markov[sel]
+    terms = dict(
+        logits_fn=logits_fn, teacher_fn=teacher_fn, tv_grad=tv_weight > 0, with_kl=kl_weight > 0
+    )
+    parts: list[tuple[torch.Tensor, ...]] = []
+    # At least one (possibly empty) chunk: every weight then takes part in the graph,
+    # as data-parallel wrappers expect, even for a batch without a valid slot.
+    for i in range(0, max(h.shape[0], 1), chunk_size):
+        c = slice(i, i + chunk_size)
+        args = (h[c], None if m is None else m[c], th[c], ids[c])
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(_slot_terms, *args, use_reentrant=False, **terms))
+        else:
+            parts.append(_slot_terms(*args, **terms))
+    ce, tv, kl, match_sel = (torch.cat(x) for x in zip(*parts, strict=True))
+    bce = torch.zeros_like(tv)
+    if confidence_logit is not None and bce_weight > 0:
+        accept = (1.0 - tv).detach().clamp(0.0, 1.0)
+        bce = F.binary_cross_entropy_with_logits(
+            confidence_logit[sel].float(), accept, reduction="none"
+        )
+    ce_sum, tv_sum, bce_sum, kl_sum = ((w * x).sum() for x in (ce, tv, bce, kl))
+    weight_sum = w.sum().detach()
+    norm = weight_sum if normalizer is None else normalizer
+    norm = torch.as_tensor(norm, dtype=torch.float32, device=h.device).clamp_min(1e-8)
+    total = (
+        ce_weight * ce_sum + tv_weight * tv_sum + bce_weight * bce_sum + kl_weight * kl_sum
+    ) / norm
+    tv_full = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    tv_full[sel] = tv.detach()
+    match = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
+    match[sel] = match_sel
+    return LossParts(
+        total,
+        ce_sum.detach(),
+        tv_sum.detach(),
+        bce_sum.detach(),
+        weight_sum,
+        tv_full,
+        kl_sum.detach(),
+        match,
     )
 
 
@@ -135,8 +243,7 @@ class BlockStats:
 @torch.no_grad()
 def block_stats(
     *,
-    logits: torch.Tensor,  # (R, Nb, B, V)
-    target_ids: torch.Tensor,  # (R, Nb, B)
+    match: torch.Tensor,  # (R, Nb, B) bool: the draft's argmax is the target token
     valid: torch.Tensor,  # (R, Nb, B) bool
     tv: torch.Tensor,  # (R, Nb, B) per-slot TV from draft_loss
     first_offset: int,
@@ -147,7 +254,7 @@ def block_stats(
     by the end of the answer would bias tau down).
     """
     slots = slice(1 - first_offset, None)  # drafting slots
-    match = (logits.argmax(-1) == target_ids) & valid
+    match = match & valid
     validf = valid.float()
     full = valid[..., slots].all(-1)  # (R, Nb)
     accept_tv = torch.cumprod((1.0 - tv[..., slots]).clamp(0, 1), dim=-1)  # (R, Nb, n)

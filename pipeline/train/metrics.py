@@ -34,7 +34,6 @@ _SUMS = 7  # ce, tv, bce, weight, kl, samples, tokens; then BlockStats.vector()
 
 def step_sums(
     *,
-    logits: torch.Tensor,  # (R, Nb, B, V) the step's draft logits (detached)
     batch: TrainBatch,
     parts: LossParts,
     weight: torch.Tensor,  # scalar: the batch's summed slot weight
@@ -46,11 +45,7 @@ def step_sums(
     from pipeline.train.loss import block_stats
 
     stats = block_stats(
-        logits=logits,
-        target_ids=batch.target_ids,
-        valid=batch.valid,
-        tv=parts.tv,
-        first_offset=first_offset,
+        match=parts.match, valid=batch.valid, tv=parts.tv, first_offset=first_offset
     )
     return torch.cat(
         [
@@ -76,6 +71,8 @@ def step_row(
     loss_weights: tuple[float, float, float, float],  # ce, tv, bce, kl
     block_size: int,
     first_offset: int,
+    micro_batches: int = 1,
+    peak_memory_gb: float | None = None,
 ) -> dict[str, Any]:
     """The metrics.jsonl row of a step from its (all-reduced) `step_sums`."""
     from pipeline.train.loss import BlockStats, summarize
@@ -96,7 +93,11 @@ def step_row(
         "tokens": int(tokens),
         "epoch": epoch,
         "seconds": seconds,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "micro_batches": micro_batches,
     }
+    if peak_memory_gb is not None:
+        row["peak_memory_gb"] = peak_memory_gb
     stats = BlockStats.from_vector(sums[_SUMS:].cpu(), block_size)
     row.update(summarize(stats=stats, first_offset=first_offset))
     return row
@@ -143,38 +144,21 @@ def read_summary(out_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(out_dir) / SUMMARY_FILE).read_text())
 
 
-def heldout_metrics(
-    model, batches: Iterable[TrainBatch], *, slot_weights: torch.Tensor
-) -> dict[str, float]:
-    """Accuracy per block position and teacher-forced tau of `model` over `batches`
-    ({} without batches), plus the number of samples."""
+def heldout_metrics(objective, batches: Iterable[TrainBatch]) -> dict[str, float]:
+    """Accuracy per block position and teacher-forced tau of the draft of `objective`
+    (a DraftObjective) over `batches` ({} without batches), plus the number of samples."""
     import torch
 
-    from pipeline.train.loss import BlockStats, block_stats, draft_loss, summarize
+    from pipeline.train.loss import BlockStats, block_stats, summarize
 
     total: torch.Tensor | None = None
     count = 0
-    spec = model.spec
+    spec = objective.model.spec
     with torch.no_grad():
         for batch in batches:
-            out = model(batch.inputs)
-            parts = draft_loss(
-                logits=out.logits,
-                target_logits=batch.teacher_logits(model),
-                target_ids=batch.target_ids,
-                valid=batch.valid,
-                weights=slot_weights,
-                confidence_logit=None,
-                ce_weight=1,
-                tv_weight=0,
-                bce_weight=0,
-            )
+            parts = objective(batch)
             vec = block_stats(
-                logits=out.logits,
-                target_ids=batch.target_ids,
-                valid=batch.valid,
-                tv=parts.tv,
-                first_offset=spec.first_offset,
+                match=parts.match, valid=batch.valid, tv=parts.tv, first_offset=spec.first_offset
             ).vector()
             total = vec if total is None else total + vec
             count += batch.num_samples
@@ -184,3 +168,12 @@ def heldout_metrics(
     result = summarize(stats=stats, first_offset=spec.first_offset)
     result["samples"] = count
     return result
+
+
+def peak_memory_gb(device) -> float | None:
+    """Peak accelerator memory allocated so far (GB); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)

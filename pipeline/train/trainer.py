@@ -6,12 +6,21 @@ set up in `__init__` (dataset checked against the target and draft before
 step 0, draft built, AdamW + warmup/cosine), `resume`s from the run's latest
 checkpoint, and `train()` loops over named steps:
 
-    batch -> forward_backward -> optimizer_step -> log_step -> checkpoint
+    micro-batches -> forward_backward -> optimizer_step -> log_step -> checkpoint
     ... -> evaluate (held-out split) -> summary.json
 
-* the loss is normalised by the *global* slot weight (all-reduced), so N
-  workers compute exactly the gradient of one worker with the same global batch;
-* bf16 autocast on GPU, fp32 on CPU; gradient clipping;
+* a step is `accumulation_steps` micro-batches of `micro_batch_size` samples
+  per worker; gradients accumulate, and are reduced over workers only after
+  the last one (DDP `no_sync`, FSDP2 `set_requires_gradient_sync`);
+* the loss is normalised by the *global* slot weight of the whole step (all
+  micro-batches, all workers, all-reduced first), so k micro-batches equal
+  one batch of k times the size and N workers equal one worker;
+* the loss is computed in chunks of slots (pipeline/train/objective.py): no
+  vocabulary-sized tensor of the whole batch exists;
+* `distributed: ddp` or `fsdp` (pipeline/train/distributed.py), checkpoints
+  in one format under both;
+* `precision: bf16` (default on GPU): autocast with fp32 master weights,
+  the frozen target tables stored in bf16; gradient clipping;
 * checkpoints (pipeline/train/checkpoint.py) hold model, optimiser,
   scheduler, step and data position; a restarted run resumes from the latest
   one and continues the same loss curve;
@@ -21,9 +30,10 @@ checkpoint, and `train()` loops over named steps:
 What differs between draft kinds (model class, loss weights, slot weights,
 mask token) comes from pipeline/train/drafts/registry.py. Checkpoints and
 metrics are written by rank 0 to `out_dir`: on a multi-node cluster that
-must be a shared filesystem. (Slightly over 400 lines: the public entry
+must be a shared filesystem. (A little over 400 lines: the public entry
 point, its result and the loop's named steps read best in one place; metrics,
-optimiser, checkpoints and the Ray launch already live beside it.)
+optimiser, checkpoints, the objective and the data-parallel wrappers live
+beside it.)
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from pipeline.train.drafts.registry import draft_kind
 from pipeline.train.metrics import (
     MetricsLog,
     heldout_metrics,
+    peak_memory_gb,
     read_metrics,
     read_summary,
     step_row,
@@ -59,8 +70,6 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.train.data import TrainBatch
-    from pipeline.train.drafts.common import DraftOutput
-    from pipeline.train.loss import LossParts
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +160,8 @@ def _mask_token_id(config: TrainConfig, target_dir: Path) -> int:
 class StepOutput:
     """What forward_backward leaves for the metrics of its step."""
 
-    batch: TrainBatch
-    out: DraftOutput
-    parts: LossParts
-    weight: torch.Tensor  # scalar: this worker's slot weight (its share of the normaliser)
+    sums: torch.Tensor  # this worker's metrics.step_sums, added over its micro-batches
+    micro_batches: int
 
 
 class Trainer:
@@ -167,10 +174,12 @@ class Trainer:
         from pipeline.targets.resolve import resolve_model
         from pipeline.train.data import DataPosition, TrainingData
         from pipeline.train.drafts.common import load_target_head
+        from pipeline.train.objective import DraftObjective
         from pipeline.train.optim import build_optimizer, build_scheduler
 
         self.config, self.distributed = config, distributed
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        self.strategy = config.distributed if distributed else None
         self.device = torch.device("cpu")
         if config.use_gpu:
             index = torch.cuda.current_device() if distributed else None
@@ -191,24 +200,35 @@ class Trainer:
             mask_token_id=_mask_token_id(config, target_dir),
         )
         kind = draft_kind(self.spec.kind)
-        embed, head = load_target_head(target_dir)
+        embed, head = load_target_head(target_dir, dtype=None)
+        frozen = torch.bfloat16 if config.bf16 else torch.float32
         torch.manual_seed(config.seed)
-        self.model = kind.build(self.spec, embed, head).to(self.device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, config.optim)
-        self.scheduler = build_scheduler(self.optimizer, config.optim, num_steps=config.num_steps)
-        self.net = self.model  # what forward runs: the model, or its DDP wrapper
-        if distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if config.use_gpu else None
-            self.net = DistributedDataParallel(self.model, device_ids=ids)
+        self.model = kind.build(self.spec, embed, head, frozen_dtype=frozen).to(self.device)
+        self.model.attention = config.attention
+        del embed, head
         loss = config.loss
         self.slot_weights = kind.step_weights(
             self.spec, gamma=loss.gamma, ttt_step_decay=loss.ttt_step_decay
         ).to(self.device)  # (B,)
         self.loss_weights = (*loss.weights(self.spec.kind), loss.kl(self.spec.kind))
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=config.use_gpu)
+        self.objective = DraftObjective(
+            self.model,
+            slot_weights=self.slot_weights,
+            loss_weights=self.loss_weights,
+            chunk_size=loss.chunk_size,
+        )
+        self.net = self.objective  # what forward runs: the objective, or its DDP/FSDP form
+        if distributed:
+            from pipeline.train.distributed import wrap
+
+            self.net = wrap(
+                self.objective, strategy=self.strategy, device=self.device, bf16=config.bf16
+            )
+        # After wrapping: under FSDP the parameters are the sharded fp32 masters.
+        self.params = [p for p in self.objective.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.optim, num_steps=config.num_steps)
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.bf16)
         self.step, self.position = 0, DataPosition(0, 0)
         self.progress = None  # rank 0's progress bar while train() runs
 
@@ -223,9 +243,16 @@ class Trainer:
                 raise ValueError(
                     f"{path}: checkpoint was trained with another draft spec than this config"
                 )
-            state = ckpt.state(map_location=self.device)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            state = ckpt.state(map_location="cpu" if self.strategy == "fsdp" else self.device)
+            from pipeline.train.distributed import load_states
+
+            load_states(
+                self.objective,
+                self.optimizer,
+                self.strategy,
+                model=state["model"],
+                optim=state["optimizer"],
+            )
             self.scheduler.load_state_dict(state["scheduler"])
             self.step = state["step"]
             own = self.rank if self.config.data.split == "shards" else 0
@@ -255,6 +282,7 @@ class Trainer:
                 rank=self.rank,
                 world_size=self.world,
                 start=self.position,
+                micro_batch_size=config.micro_batch_size,
             ),
             config.data.prefetch,
         )
@@ -266,58 +294,60 @@ class Trainer:
             )
         while self.step < last:
             started = time.perf_counter()
-            batch, self.position = next(batches)
-            output = self.forward_backward(batch.to(self.device))
+            micro, self.position = next(batches)
+            output = self.forward_backward(micro)
             lr, grad_norm = self.optimizer_step()
             self.log_step(output, lr=lr, grad_norm=grad_norm, started=started, last=last)
             if self.step % config.checkpoint_every == 0 or self.step == last:
                 self.checkpoint()
         if self.progress is not None:
             self.progress.close()
+        heldout: dict[str, float] = {}
+        if self.step >= config.num_steps:
+            objective = self._plain_objective()  # collective under FSDP
+            if self.rank == 0:
+                heldout = self.evaluate(objective)
         if self.rank == 0:
-            heldout = self.evaluate() if self.step >= config.num_steps else {}
             write_summary(self.out_dir, steps=self.step, heldout=heldout)
 
-    def forward_backward(self, batch: TrainBatch) -> StepOutput:
-        """The kind's weighted loss of one batch against the target's distributions,
-        normalised by the global slot weight; gradients accumulated."""
+    def forward_backward(self, micro: list[TrainBatch]) -> StepOutput:
+        """The kind's weighted loss of a step's micro-batches against the target's
+        distributions, normalised by the global slot weight of the whole step;
+        gradients accumulated over the micro-batches, reduced over workers once."""
         import torch
         import torch.distributed as dist
 
-        from pipeline.train.loss import draft_loss
+        from pipeline.train.distributed import gradient_sync
 
-        weight = (self.slot_weights * batch.valid).sum()
-        normalizer = weight.detach().clone()
+        weights = [(self.slot_weights.cpu() * mb.valid).sum() for mb in micro]
+        normalizer = torch.stack(weights).sum().to(self.device)
         if self.distributed:
             dist.all_reduce(normalizer)
-        with self.autocast:
-            out = self.net(batch.inputs)
-        with torch.no_grad():
-            teacher = batch.teacher_logits(self.model)
-        ce, tv, bce, kl = self.loss_weights
-        parts = draft_loss(
-            logits=out.logits,
-            target_logits=teacher,
-            target_ids=batch.target_ids,
-            valid=batch.valid,
-            weights=self.slot_weights,
-            confidence_logit=out.confidence_logit,
-            ce_weight=ce,
-            tv_weight=tv,
-            bce_weight=bce,
-            normalizer=normalizer,
-            kl_weight=kl,
-        )
         self.optimizer.zero_grad(set_to_none=True)
-        # DDP averages gradients over workers; each worker holds local_sum/global_w.
-        (parts.total * self.world).backward()
-        return StepOutput(batch, out, parts, weight)
+        sums = None
+        for i, mb in enumerate(micro):
+            mb = mb.to(self.device)
+            with gradient_sync(self.net, self.strategy, sync=i == len(micro) - 1):
+                with self.autocast:
+                    parts = self.net(mb, normalizer)
+                # DDP and FSDP average gradients over workers; each holds local_sum/global_w.
+                (parts.total * self.world).backward()
+            vec = step_sums(
+                batch=mb,
+                parts=parts,
+                weight=weights[i].to(self.device),
+                first_offset=self.spec.first_offset,
+            )
+            sums = vec if sums is None else sums + vec
+        return StepOutput(sums, len(micro))
 
     def optimizer_step(self) -> tuple[float, float]:
         """Clip, step AdamW and the schedule; (learning rate used, gradient norm)."""
         import torch
 
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.optim.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -330,14 +360,8 @@ class Trainer:
         """Sum the step's metrics over workers; rank 0 writes its metrics.jsonl row."""
         import torch.distributed as dist
 
-        batch, spec = output.batch, self.spec
-        sums = step_sums(
-            logits=output.out.logits.detach(),
-            batch=batch,
-            parts=output.parts,
-            weight=output.weight,
-            first_offset=spec.first_offset,
-        )
+        spec = self.spec
+        sums = output.sums.clone()
         if self.distributed:
             dist.all_reduce(sums)
         if self.rank != 0:
@@ -350,6 +374,8 @@ class Trainer:
             epoch=self.position.epoch,
             seconds=time.perf_counter() - started,
             loss_weights=self.loss_weights,
+            micro_batches=output.micro_batches,
+            peak_memory_gb=peak_memory_gb(self.device),
             block_size=spec.block_size,
             first_offset=spec.first_offset,
         )
@@ -361,17 +387,22 @@ class Trainer:
         self.progress.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row['tau_tv']:.2f}")
 
     def checkpoint(self) -> None:
-        """Rank 0 saves model, optimiser, schedule, step and every rank's data position."""
+        """Rank 0 saves model, optimiser, schedule, step and every rank's data position
+        (under FSDP every rank first joins in gathering the full tensors)."""
         import torch.distributed as dist
+
+        from pipeline.train.distributed import model_state, optimizer_state
 
         positions = [self.position.__dict__]
         if self.distributed and self.config.data.split == "shards":
             positions = [None] * self.world
             dist.all_gather_object(positions, self.position.__dict__)
+        model = model_state(self.objective, self.strategy)
+        optim = optimizer_state(self.objective, self.optimizer, self.strategy)
         if self.rank == 0:
             state = {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "model": model,
+                "optimizer": optim,
                 "scheduler": self.scheduler.state_dict(),
                 "step": self.step,
                 "position": positions,
@@ -381,20 +412,30 @@ class Trainer:
         if self.distributed:
             dist.barrier()
 
-    def evaluate(self, limit: int = HELDOUT_LIMIT) -> dict[str, float]:
-        """Teacher-forced metrics on the held-out split (never trained on)."""
+    def _plain_objective(self):
+        """The objective as one process can run it: itself, or under FSDP (collective)
+        a plain copy of the full draft on rank 0 (None elsewhere)."""
+        if self.strategy != "fsdp":
+            return self.objective
+        from pipeline.train.distributed import plain_copy
+
+        return plain_copy(self.objective, rank=self.rank)
+
+    def evaluate(self, objective=None, limit: int = HELDOUT_LIMIT) -> dict[str, float]:
+        """Teacher-forced metrics on the held-out split (never trained on), of
+        `objective` (default: this worker's own)."""
         from pipeline.train.data import heldout_batches
 
         batches = heldout_batches(
             self.data, self.spec, seed=self.config.seed, batch_size=HELDOUT_BATCH, limit=limit
         )
-        self.model.eval()
+        objective = objective or self.objective
+        objective.eval()
         try:
-            return heldout_metrics(
-                self.model, (b.to(self.device) for b in batches), slot_weights=self.slot_weights
-            )
+            with self.autocast:
+                return heldout_metrics(objective, (b.to(self.device) for b in batches))
         finally:
-            self.model.train()
+            objective.train()
 
 
 def summary_lines(result: TrainResult) -> list[str]:

@@ -11,6 +11,7 @@ from pipeline.evaluate.calibration import (
     expected_calibration_error,
     fit_temperature,
     roc_auc,
+    round_events,
     truncated_lengths,
     truncation_sweep,
 )
@@ -81,3 +82,17 @@ def test_conditional_events_and_truncation_sweep():
         confidence=torch.tensor([[0.9, 0.2, 0.9], [0.1, 0.9, 0.9]]), threshold=0.5
     )
     assert lens.tolist() == [1, 0]
+
+
+def test_round_events_are_conditional_on_the_accepted_prefix(tmp_path):
+    """A round that accepted 1 of 3 drafted tokens gives events at positions 1 (accepted)
+    and 2 (rejected), none at 3; a fully accepted round one at every position."""
+    conf = torch.tensor([0.5, -0.5, 2.0])
+    events = round_events([(conf, 1), (conf, 3)], num_draft_tokens=3)
+    assert [z.tolist() for z in events.logits] == [[0.5, 0.5], [-0.5, -0.5], [2.0]]
+    assert [y.tolist() for y in events.labels] == [[True, True], [False, True], [True]]
+    cal = Calibration((1.0, 2.0, 1.0), (2, 2, 1), 2, sampling_temperature=0.7)
+    cal.save(tmp_path)
+    assert Calibration.load(tmp_path) == cal
+    with pytest.raises(ValueError, match="refit with calibration.temperature: 0.0"):
+        Calibration.load(tmp_path, temperature=0.0)

@@ -60,6 +60,9 @@ def test_todays_trainer_writes_the_old_layout_and_weights(kind, random_shards, t
     old = load_checkpoint(FIXTURE / kind)
     data = dict(old.train_config)
     data.update(out_dir=str(tmp_path), data={**data["data"], "uri": str(random_shards)})
+    # The attention the fixture was trained with (sdpa computes the same function, up to
+    # float rounding, which AdamW's first steps at lr 0.3 amplify past the tolerance).
+    data["attention"] = "eager"
     result = train(parse_train_config(data), export=False)
     new = load_checkpoint(result.checkpoint)
     assert new.path.name == old.path.name
@@ -70,6 +73,11 @@ def test_todays_trainer_writes_the_old_layout_and_weights(kind, random_shards, t
     assert {k: v.shape for k, v in a["model"].items()} == {
         k: v.shape for k, v in b["model"].items()
     }
+    if kind == "dspark":
+        # The DSpark recipe changed on purpose since (0.9 x L1 instead of 0.9 x TV, the
+        # Markov output and confidence weights from the references' normal init instead
+        # of zero: docs/train.md, "Recipe"), so its weights differ; the others' did not.
+        return
     for name, tensor in a["model"].items():  # same data, same steps: the same weights
         torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5)
 

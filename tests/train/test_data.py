@@ -59,7 +59,7 @@ def test_heldout_split_is_stable_and_never_trained(data):
 
 
 def test_batch_targets_are_the_next_tokens_of_each_packed_sample(data, spec):
-    batch, pos = next(iter_batches(data, spec, seed=0, global_batch_size=4))
+    (batch,), pos = next(iter_batches(data, spec, seed=0, global_batch_size=4))
     assert pos == DataPosition(0, 4) and batch.num_samples == 4
     samples = data.decode(data.epoch_order(0, seed=0)[:4])
     inp = batch.inputs
@@ -113,17 +113,66 @@ def test_resume_position_skips_exactly_what_was_consumed(data, spec):
     it = iter_batches(data, spec, seed=3, global_batch_size=4)
     seq = [next(it) for _ in range(5)]
     resumed = iter_batches(data, spec, seed=3, global_batch_size=4, start=seq[2][1])
-    for (want, wpos), (got, gpos) in zip(seq[3:], [next(resumed) for _ in range(2)], strict=True):
+    for ((want,), wpos), ((got,), gpos) in zip(
+        seq[3:], [next(resumed) for _ in range(2)], strict=True
+    ):
         assert wpos == gpos
         torch.testing.assert_close(got.inputs.block_ids, want.inputs.block_ids)
         torch.testing.assert_close(got.inputs.ctx_features, want.inputs.ctx_features)
 
 
 def test_two_ranks_split_the_same_global_batch(data, spec):
-    whole, _ = next(iter_batches(data, spec, seed=1, global_batch_size=4))
+    (whole,), _ = next(iter_batches(data, spec, seed=1, global_batch_size=4))
     parts = [
-        next(iter_batches(data, spec, seed=1, global_batch_size=4, rank=r, world_size=2))[0]
+        next(iter_batches(data, spec, seed=1, global_batch_size=4, rank=r, world_size=2))[0][0]
         for r in (0, 1)
     ]
     assert sum(p.num_samples for p in parts) == whole.num_samples == 4
     assert sum(int(p.valid.sum()) for p in parts) == int(whole.valid.sum())
+
+
+def test_micro_batches_split_the_step_into_the_same_blocks(data, spec):
+    """k micro-batches hold exactly the samples and blocks of the one batch they replace."""
+    (whole,), pos = next(iter_batches(data, spec, seed=2, global_batch_size=4))
+    micro, mpos = next(iter_batches(data, spec, seed=2, global_batch_size=4, micro_batch_size=1))
+    assert mpos == pos and len(micro) == 4 and [m.num_samples for m in micro] == [1] * 4
+    assert sum(int(m.valid.sum()) for m in micro) == int(whole.valid.sum())
+    got = sorted(
+        (int(m.inputs.block_anchor[0, n]), tuple(m.target_ids[0, n].tolist()))
+        for m in micro
+        for n in (m.inputs.block_doc[0] >= 0).nonzero().squeeze(-1).tolist()
+    )
+    want = sorted(
+        (int(whole.inputs.block_anchor[r, n]), tuple(whole.target_ids[r, n].tolist()))
+        for r, n in (whole.inputs.block_doc >= 0).nonzero().tolist()
+    )
+    assert got == want
+
+
+def test_long_samples_are_truncated_before_anchors_are_drawn(toy_shards, spec):
+    from pipeline.train.data import truncate
+
+    cfg = TrainDataConfig(uri=str(toy_shards), num_anchors=8, heldout_fraction=0.1, max_seq_len=40)
+    short = TrainingData(cfg)
+    refs = short.epoch_order(0, seed=0)[:6]
+    full = TrainingData(TrainDataConfig(uri=str(toy_shards), max_seq_len=None)).decode(refs)
+    cut = short.decode(refs)
+    assert max(len(s.input_ids) for s in full) > 40  # the data has longer samples
+    for f, c in zip(full, cut, strict=True):
+        n = min(len(f.input_ids), 40)
+        assert len(c.input_ids) == n and c.hidden_states.shape[0] == n
+        torch.testing.assert_close(c.input_ids, f.input_ids[:n])
+        torch.testing.assert_close(c.last_hidden_state, f.last_hidden_state[:n])
+        assert c.loss_mask.tolist() == f.loss_mask[:n].tolist()
+        assert (c.finish_reason == "truncated") == (len(f.input_ids) > 40)
+    assert truncate(full[0], None) is full[0]
+    (batch,), _ = next(iter_batches(short, spec, seed=0, global_batch_size=4))
+    assert int(batch.inputs.ctx_positions.max()) < 40
+    assert (
+        int(
+            (batch.inputs.block_anchor[..., None] + torch.arange(spec.block_size))
+            .masked_select(batch.valid)
+            .max()
+        )
+        < 40
+    )

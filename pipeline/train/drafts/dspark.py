@@ -11,9 +11,12 @@ RoPE at the context positions, no input norm: exactly what vLLM's
 at positions a..a+B-1 attends to the context tokens before its anchor and
 bidirectionally to itself. Embeddings and `lm_head` are the target's, frozen.
 
-DSpark adds a Markov logit-bias head `W2(W1[prev])` (W2 zero at init, so the
-logits start equal to the DFlash path's) and a confidence head
-`sigmoid(w . [h ; W1[prev]] + b)`. Parameter names are vLLM's checkpoint names
+DSpark adds a Markov logit-bias head `W2(W1[prev])` and a confidence head
+`sigmoid(w . [h ; W1[prev]] + b)`. Every weight starts as the references
+initialise it (DeepSpec's and speculators' `post_init`: normal, std 0.02,
+biases zero), the Markov output W2 and the confidence weights included (an
+earlier version started them at zero; measured reason for the change in
+docs/train.md, "Recipe"). Parameter names are vLLM's checkpoint names
 (`fc`, `hidden_norm`, `layers.{i}.self_attn.q_proj`, `markov_head.markov_w1`,
 ...), so export is a plain state-dict copy.
 
@@ -24,17 +27,17 @@ are in pipeline/train/drafts/common.py.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.train.drafts.common import (
     MLP,
     Attention,
+    BlockMask,
     DraftInputs,
     DraftOutput,
     RMSNorm,
     TargetHeadDraft,
-    context_mask,
+    build_block_mask,
 )
 from pipeline.train.drafts.spec import DraftSpec
 
@@ -47,10 +50,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, positions, ctx, ctx_positions, ctx_mask, block_size):
-        h = self.self_attn(
-            self.input_layernorm(x), positions, ctx, ctx_positions, ctx_mask, block_size
-        )
+    def forward(self, x, positions, ctx, ctx_positions, mask: BlockMask):
+        h = self.self_attn(self.input_layernorm(x), positions, ctx, ctx_positions, mask)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -73,8 +74,14 @@ class ConfidenceHead(nn.Module):
 class DSparkDraft(TargetHeadDraft):
     """DSpark (or DFlash when spec.markov_rank == 0) draft; see the module docstring."""
 
-    def __init__(self, spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
-        super().__init__(spec, embed, lm_head)
+    def __init__(
+        self,
+        spec: DraftSpec,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        frozen_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(spec, embed, lm_head, frozen_dtype)
         d = spec.hidden_size
         self.fc = nn.Linear(len(spec.aux_layer_ids) * spec.target_hidden_size, d, bias=False)
         self.hidden_norm = RMSNorm(d, spec.rms_norm_eps)
@@ -90,19 +97,24 @@ class DSparkDraft(TargetHeadDraft):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """The references' init: normal(0.02) weights, zero biases, unit norms."""
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
-                if module.bias is not None:
+                if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
-        if self.markov_head is not None:
-            nn.init.zeros_(self.markov_head.markov_w2.weight)  # logits start as DFlash's
-        if self.confidence_head is not None:
-            nn.init.zeros_(self.confidence_head.proj.weight)
 
-    def forward(self, inputs: DraftInputs) -> DraftOutput:
+    def output_logits(self, hidden: torch.Tensor, markov: torch.Tensor | None) -> torch.Tensor:
+        """(..., d), (..., r) -> (..., V): backbone logits plus the Markov bias W2(markov)."""
+        logits = self.head_logits(hidden)
+        if self.markov_head is None or markov is None:
+            return logits
+        return logits + self.markov_head.markov_w2(markov.to(hidden.dtype))
+
+    def forward(self, inputs: DraftInputs, *, with_logits: bool = True) -> DraftOutput:
+        """The draft's outputs for a packed batch. `with_logits=False` skips the
+        (R, Nb, B, V) logits (the trainer's chunked loss builds them from `hidden` and
+        `markov`, a few rows at a time)."""
         spec = self.spec
         r, nb, b = inputs.block_ids.shape
         dtype = self.fc.weight.dtype
@@ -110,25 +122,30 @@ class DSparkDraft(TargetHeadDraft):
         positions = (inputs.block_anchor[:, :, None] + torch.arange(b, device=ctx.device)).view(
             r, nb * b
         )  # (R, Q)
-        x = F.embedding(inputs.block_ids.view(r, nb * b), self.embed_tokens).to(dtype)  # (R, Q, d)
-        mask = context_mask(inputs).repeat_interleave(b, dim=1)  # (R, Q, Tc)
+        x = self.embed(inputs.block_ids.view(r, nb * b), dtype)  # (R, Q, d)
+        mask = build_block_mask(inputs, self.attention)
         for layer in self.layers:
-            x = layer(x, positions, ctx, inputs.ctx_positions, mask, b)
+            x = layer(x, positions, ctx, inputs.ctx_positions, mask)
         hidden = self.norm(x).view(r, nb, b, -1)  # (R, Nb, B, d)
-        base = hidden @ self.lm_head.T.to(hidden.dtype)  # (R, Nb, B, V)
-        logits = base
         markov = None
         if self.markov_head is not None:
             markov = self.markov_head.markov_w1(inputs.prev_ids)  # (R, Nb, B, r)
-            logits = base + self.markov_head.markov_w2(markov)
         confidence = None
         if self.confidence_head is not None:
             feats = (
                 hidden
                 if markov is None or not spec.confidence_with_markov
-                else torch.cat([hidden, markov], dim=-1)
+                else torch.cat([hidden, markov.to(hidden.dtype)], dim=-1)
             )
             confidence = self.confidence_head.proj(feats.float()).squeeze(-1)  # (R, Nb, B)
+        base = logits = None
+        if with_logits:
+            base = self.head_logits(hidden)  # (R, Nb, B, V)
+            logits = base if markov is None else self.output_logits(hidden, markov)
         return DraftOutput(
-            logits=logits, base_logits=base, hidden=hidden, confidence_logit=confidence
+            logits=logits,
+            base_logits=base,
+            hidden=hidden,
+            confidence_logit=confidence,
+            markov=markov,
         )

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.train.drafts.common import (
@@ -50,7 +49,6 @@ from pipeline.train.drafts.common import (
     RMSNorm,
     TargetHeadDraft,
     context_mask,
-    rope,
 )
 from pipeline.train.drafts.spec import DraftSpec
 
@@ -65,7 +63,7 @@ class Eagle3Attention(Attention):
         # x (R, N, 2d), positions (R, N) -> (R, h, N, hd)
         r, n, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(r, n, self.h, self.hd)).transpose(1, 2)
-        return rope(q, positions[:, None, :], self.theta)
+        return self.rotate(q, positions[:, None, :])
 
     def key_value(
         self, x: torch.Tensor, positions: torch.Tensor
@@ -154,10 +152,16 @@ def root_slots(inputs: DraftInputs) -> torch.Tensor:
 class Eagle3Draft(TargetHeadDraft):
     """EAGLE-3 draft; tensor names are the speculators/vLLM names (`fc`, `layers.0.*`, `norm`)."""
 
-    def __init__(self, spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    def __init__(
+        self,
+        spec: DraftSpec,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        frozen_dtype: torch.dtype | None = None,
+    ) -> None:
         if spec.num_layers != 1:
             raise ValueError(f"the EAGLE-3 baseline has one layer, spec has {spec.num_layers}")
-        super().__init__(spec, embed, lm_head)
+        super().__init__(spec, embed, lm_head, frozen_dtype)
         d = spec.hidden_size
         self.fc = nn.Linear(len(spec.aux_layer_ids) * spec.target_hidden_size, d, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(spec)])
@@ -166,9 +170,10 @@ class Eagle3Draft(TargetHeadDraft):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, inputs: DraftInputs) -> DraftOutput:
-        """Teacher-forced unroll (training): step s reads `prev_ids[..., s]` = x_{a+s}."""
-        normed, logits, _ = self.unroll(inputs)
+    def forward(self, inputs: DraftInputs, *, with_logits: bool = True) -> DraftOutput:
+        """Teacher-forced unroll (training): step s reads `prev_ids[..., s]` = x_{a+s}.
+        `with_logits=False` skips the (R, Nb, K, V) logits (the chunked loss builds them)."""
+        normed, logits, _ = self.unroll(inputs, with_logits=with_logits)
         return DraftOutput(logits=logits, base_logits=logits, hidden=normed, confidence_logit=None)
 
     def unroll(
@@ -178,21 +183,23 @@ class Eagle3Draft(TargetHeadDraft):
         free_running: bool = False,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with_logits: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(normed (R,Nb,K,d), logits (R,Nb,K,V), tokens (R,Nb,K)) of the K-step loop.
 
         Teacher-forced by default. `free_running=True` is what vLLM serves:
         step 0 reads the anchor (`prev_ids[..., 0]`), step s >= 1 the token
         the draft itself chose at step s-1 (argmax at temperature 0, else a
         sample from softmax(logits / T)). `tokens` are the tokens chosen at
-        each step (argmax when teacher-forced)."""
+        each step (argmax when teacher-forced). Teacher-forced with
+        `with_logits=False`, logits and tokens are None (nothing reads them)."""
         if inputs.ctx_ids is None:
             raise ValueError("EAGLE-3 needs DraftInputs.ctx_ids (the context tokens)")
         steps = inputs.block_ids.shape[2]
         layer, attn = self.layers[0], self.layers[0].self_attn
         dtype = self.fc.weight.dtype
         fused = self.fc(inputs.ctx_features.to(dtype))  # (R, Tc, d)
-        ctx_emb = F.embedding(next_context_ids(inputs), self.embed_tokens).to(dtype)
+        ctx_emb = self.embed(next_context_ids(inputs), dtype)
         k_ctx, v_ctx = attn.key_value(
             layer.layer_input(ctx_emb, fused), inputs.ctx_positions
         )  # (R, h, Tc, hd)
@@ -206,7 +213,7 @@ class Eagle3Draft(TargetHeadDraft):
         for s in range(steps):
             if s and not free_running:
                 tokens = inputs.prev_ids[:, :, s]  # token a+s, teacher-forced
-            x = layer.layer_input(F.embedding(tokens, self.embed_tokens).to(dtype), hidden)
+            x = layer.layer_input(self.embed(tokens, dtype), hidden)
             positions = inputs.block_anchor - 1 + s  # (R, Nb) = p + s
             q = attn.query(x, positions)  # (R, h, Nb, hd)
             k, v = attn.key_value(x, positions)
@@ -217,7 +224,9 @@ class Eagle3Draft(TargetHeadDraft):
             )
             hidden = layer.finish(hidden, out)  # (R, Nb, d) pre-norm, fed to step s+1
             normed.append(self.norm(hidden))
-            logits.append(normed[-1] @ self.lm_head.T.to(normed[-1].dtype))  # (R, Nb, V)
+            if not (with_logits or free_running):
+                continue
+            logits.append(self.head_logits(normed[-1]))  # (R, Nb, V)
             if free_running and temperature > 0:
                 p = torch.softmax(logits[-1].float() / temperature, dim=-1)
                 tokens = torch.multinomial(p.flatten(0, 1), 1, generator=generator)
@@ -225,4 +234,6 @@ class Eagle3Draft(TargetHeadDraft):
             else:
                 tokens = logits[-1].argmax(-1)
             chosen.append(tokens)
+        if not logits:
+            return torch.stack(normed, 2), None, None
         return torch.stack(normed, 2), torch.stack(logits, 2), torch.stack(chosen, 2)

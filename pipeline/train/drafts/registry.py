@@ -26,10 +26,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossWeights:
-    """Default weights of `ce CE + tv TV + bce BCE + kl KL` (DESIGN.md §6)."""
+    """Default weights of `ce CE + l1 L1 + bce BCE + kl KL` (DESIGN.md §6), L1 =
+    ||p_draft - p_target||_1 as the DSpark paper (Eq. 10) and its reference code use it."""
 
     ce: float
-    tv: float
+    l1: float
     bce: float
     kl: float
 
@@ -58,9 +59,16 @@ class DraftKind:
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
 
-    def build(self, spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
-        """The draft module of `spec` with the target's frozen embeddings and lm_head."""
-        return self.model()(spec, embed, lm_head)
+    def build(
+        self,
+        spec: DraftSpec,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        frozen_dtype: torch.dtype | None = None,
+    ) -> nn.Module:
+        """The draft module of `spec` with the target's frozen embeddings and lm_head
+        (stored in `frozen_dtype`, None: as given)."""
+        return self.model()(spec, embed, lm_head, frozen_dtype)
 
     def format_for(self, spec: DraftSpec) -> str:
         """The speculators format `spec` exports as (its layout decides for dspark)."""
@@ -101,7 +109,7 @@ KINDS: dict[str, DraftKind] = {
             name="dspark",
             model=_block_model,
             step_weights=_slot_weights,
-            loss=LossWeights(ce=0.1, tv=0.9, bce=1.0, kl=0.0),
+            loss=LossWeights(ce=0.1, l1=0.9, bce=1.0, kl=0.0),
             sample_from_anchor=True,
             export_format="dspark",
             heads=True,
@@ -112,7 +120,7 @@ KINDS: dict[str, DraftKind] = {
             name="dflash",
             model=_block_model,
             step_weights=_slot_weights,
-            loss=LossWeights(ce=1.0, tv=0.0, bce=0.0, kl=0.0),
+            loss=LossWeights(ce=1.0, l1=0.0, bce=0.0, kl=0.0),
             sample_from_anchor=False,
             export_format="dflash",
             fixed={
@@ -129,7 +137,7 @@ KINDS: dict[str, DraftKind] = {
             name="eagle3",
             model=_eagle3_model,
             step_weights=_ttt_weights,
-            loss=LossWeights(ce=0.0, tv=0.0, bce=0.0, kl=1.0),
+            loss=LossWeights(ce=0.0, l1=0.0, bce=0.0, kl=1.0),
             sample_from_anchor=True,
             export_format="eagle3",
             mask_token=False,
@@ -159,6 +167,11 @@ def draft_kind(name: str) -> DraftKind:
         raise ValueError(f"unknown draft kind {name!r}; known: {sorted(KINDS)}") from None
 
 
-def build_draft(spec: DraftSpec, embed: torch.Tensor, lm_head: torch.Tensor) -> nn.Module:
+def build_draft(
+    spec: DraftSpec,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    frozen_dtype: torch.dtype | None = None,
+) -> nn.Module:
     """The draft module of `spec.kind` (DSpark/DFlash: DSparkDraft; eagle3: Eagle3Draft)."""
-    return draft_kind(spec.kind).build(spec, embed, lm_head)
+    return draft_kind(spec.kind).build(spec, embed, lm_head, frozen_dtype)

@@ -9,7 +9,8 @@ checkpoints and exports can read and write it cheaply.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class DraftSpec:
     markov_rank: int  # 0: no Markov head (dflash)
     confidence_head: bool
     confidence_with_markov: bool
+    # The target's RoPE scaling beyond theta (rope_type and its parameters, e.g.
+    # {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    # copied so the draft's positions rotate as the target's do; None: plain RoPE.
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    # Target embeddings are multiplied by this (Gemma: sqrt(hidden_size)).
+    embed_scale: float = 1.0
+    # Target logits are capped as c * tanh(logits / c) (Gemma's final_logit_softcapping).
+    logit_softcap: float | None = None
 
     @property
     def first_offset(self) -> int:
@@ -51,5 +60,7 @@ class DraftSpec:
 
     @classmethod
     def from_json(cls, text: str) -> DraftSpec:
+        """Specs written before a field existed load with its default (plain RoPE,
+        no embedding scale, no soft-capping: what those drafts were trained with)."""
         data = json.loads(text)
         return cls(**{**data, "aux_layer_ids": tuple(data["aux_layer_ids"])})

@@ -47,7 +47,15 @@ def test_kind_defaults_and_fixed_fields_reach_the_config():
     with pytest.raises(ConfigError, match=r"draft.kind: .*unknown draft kind 'medusa'"):
         _draft(kind="medusa")
     loss = parse_train_config(BASE).loss
-    assert loss.weights("dspark") == (0.1, 0.9, 1.0) and loss.weights("dflash") == (1.0, 0.0, 0.0)
+    # (ce, weight on TV, bce): the paper's 0.9 x L1 = 1.8 x TV.
+    assert loss.weights("dspark") == (0.1, 1.8, 1.0) and loss.weights("dflash") == (1.0, 0.0, 0.0)
+    old_style = parse_train_config({**BASE, "loss": {"tv_weight": 0.9}}).loss
+    assert old_style.weights("dspark") == (0.1, 0.9, 1.0)
+    assert (
+        parse_train_config({**BASE, "loss": {"l1_weight": 0.45}}).loss.weights("dspark")[1] == 0.9
+    )
+    with pytest.raises(ConfigError, match="set l1_weight or tv_weight, not both"):
+        parse_train_config({**BASE, "loss": {"l1_weight": 0.9, "tv_weight": 0.9}})
 
 
 def test_resolved_specs_carry_heads_only_for_dspark():

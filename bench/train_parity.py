@@ -1,0 +1,349 @@
+"""Parity with the field's trainer (key P7): the project's DSpark vs speculators' DSpark.
+
+    .venv/bin/python bench/train_parity.py [--work DIR] [--steps 300] [--batch 16]
+        [--conversations 800] [--heldout 0.15] [--live-prompts 110] [--live-runs 2]
+
+The speculators library (0.9.0; pip install --no-deps speculators==0.9.0
+hs-connectors==0.9.0) trains its own DSpark (`DSparkDraftModel`: DFlash
+backbone, Markov head, confidence head) on this project's shards, through
+its eager CPU path (`draft_attn_impl="eager"`, `loss_implementation="eager"`;
+`PARITY_ATTN=sdpa` picks its SDPA attention instead, ~2.5x faster here with the
+same losses),
+with the same budget and draft size as the project's DSpark of
+bench/evaluate.py: the same samples in the same order (`--steps` steps of
+`--batch` sequences, the project's epoch plan), as many blocks per step (64
+anchors per sequence -> `max_anchors` = 64 x batch), the same draft (2 layers,
+block 5, Markov rank 64, paper layout `sample_from_anchor: true`) and the
+same optimiser and schedule (AdamW lr 3e-3, torch's betas, no weight decay,
+4% warmup then cosine, clip 1.0), fp32. Its loss is speculators' own DSpark
+objective: `{"ce": 0.1, "tv": 0.9}` (its spelling of the paper's terms; its TV
+is half the paper's L1) plus the confidence BCE (alpha 1), decay gamma 4.
+
+The project's shards store the target's final hidden state after the final
+norm, where speculators stores it before and applies the verifier's norm
+itself, so its `verifier_norm` is replaced by the identity (no other change
+to its model or loss). Each packed step is one row of the batch's samples
+(`document_ids` per sample, positions restarting per sample), as
+speculators' collator packs them.
+
+Both drafts are then evaluated by the project's exact evaluator on the same
+held-out samples: T=0 (the offline walk) and T=1 (the live loop with
+rejection sampling, `--live-prompts` prompts x `--live-runs` decodes); the
+speculators draft is loaded from its own `save_pretrained` directory through
+the project's import of the speculators format (`load_draft`).
+
+P7 = macro tau (project) / macro tau (speculators), with the paired,
+domain-stratified bootstrap interval (goal >= 1.0), at T=0 and at T=1.
+Figures merge into bench/results.json (keys P7*) and a section of
+bench/RESULTS.md between train_parity markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+ANCHORS_PER_SEQUENCE = 64
+ATTN_IMPL = os.environ.get("PARITY_ATTN", "eager")  # speculators draft_attn_impl
+
+
+def _project_run(shards: Path, out: Path, steps: int, batch: int, heldout: float) -> float:
+    """The project's DSpark exactly as bench/evaluate.py trains it (reused when present)."""
+    from evaluate import _train
+
+    if (out / "export" / "config.json").exists():
+        return 0.0
+    return _train(shards, out, "dspark", steps, batch, True, heldout)
+
+
+def speculators_dspark(target_dir: Path, spec, *, mask_token_id: int):
+    """speculators' DSparkDraftModel of the same size as `spec`, eager attention."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from torch import nn
+    from transformers import Qwen3Config
+
+    layer = Qwen3Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        rms_norm_eps=spec.rms_norm_eps,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+    )
+    layer._attn_implementation = ATTN_IMPL
+    config = DSparkSpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=spec.vocab_size,
+        block_size=spec.block_size,
+        aux_hidden_state_layer_ids=list(spec.aux_layer_ids),
+        mask_token_id=mask_token_id,
+        sample_from_anchor=True,
+        markov_rank=spec.markov_rank,
+        markov_head_type="vanilla",
+        enable_confidence_head=True,
+        confidence_head_with_markov=True,
+        speculators_config=SpeculatorsConfig(
+            algorithm="dspark",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=spec.block_size)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(
+                name_or_path=str(target_dir), architectures=["Qwen3ForCausalLM"]
+            ),
+        ),
+    )
+    model = DSparkDraftModel(config)
+    model.load_verifier_weights()  # embeddings and lm_head from the target, frozen
+    model.verifier_norm = nn.Identity()  # the shards' final state is already normed
+    return model
+
+
+def packed_row(samples) -> dict:
+    """speculators' packed batch: one row of every sample, document ids and positions."""
+    import torch
+
+    ids = torch.cat([s.input_ids for s in samples])[None]
+    return {
+        "input_ids": ids,
+        "hidden_states": torch.cat([s.hidden_states.float() for s in samples])[None],
+        "verifier_last_hidden_states": torch.cat([s.last_hidden_state.float() for s in samples])[
+            None
+        ],
+        "loss_mask": torch.cat([s.loss_mask.long() for s in samples])[None],
+        "document_ids": torch.cat(
+            [torch.full((len(s.input_ids),), i, dtype=torch.long) for i, s in enumerate(samples)]
+        )[None],
+        "position_ids": torch.cat([torch.arange(len(s.input_ids)) for s in samples])[None],
+    }
+
+
+def train_speculators(
+    shards: Path, out: Path, *, steps: int, batch: int, heldout: float, seed: int = 0
+) -> dict:
+    """Train speculators' DSpark on the project's shards (module docstring); save it."""
+    import torch
+    from speculators.losses import resolve_loss_config
+    from transformers import get_cosine_schedule_with_warmup
+
+    from pipeline.demo import CONFIG_DIR
+    from pipeline.targets.resolve import resolve_model
+    from pipeline.train.config import load_train_config
+    from pipeline.train.data import TrainingData
+    from pipeline.train.drafts.common import tokenizer_mask_token_id
+
+    if (out / "config.json").exists():
+        return json.loads((out / "parity_train.json").read_text())
+    config = load_train_config(
+        CONFIG_DIR / "train-toy.yaml",
+        overrides={
+            "data.uri": str(shards),
+            "data.heldout_fraction": heldout,
+            "out_dir": str(out),
+            "draft.sample_from_anchor": True,
+        },
+    )
+    target_dir = Path(resolve_model(config.target))
+    data = TrainingData(config.data)
+    target_config = json.loads((target_dir / "config.json").read_text())
+    mask = tokenizer_mask_token_id(target_dir)
+    spec = config.draft.resolve(
+        target_config, aux_layer_ids=data.provenance.aux_layer_ids, mask_token_id=mask
+    )
+    torch.manual_seed(seed)
+    model = speculators_dspark(target_dir, spec, mask_token_id=mask)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=0.0)
+    scheduler = get_cosine_schedule_with_warmup(
+        optimizer, math.ceil(config.optim.warmup_fraction * steps), steps
+    )
+    implementation = "eager"
+    kwargs = dict(
+        loss_config=resolve_loss_config('{"ce": 0.1, "tv": 0.9}', implementation),
+        tv_loss_fn=resolve_loss_config("tv", implementation)["tv"][0],
+        gamma=config.loss.gamma,
+        max_anchors=ANCHORS_PER_SEQUENCE * batch,
+        confidence_head_alpha=1.0,
+        per_position_loss_weight="fixed-exp-decay",
+    )
+    losses, seconds = [], []
+    epoch, order, i = 0, data.epoch_order(0, config.seed), 0
+    for _step in range(steps):
+        if (i + 1) * batch > len(order):  # the project's epoch plan, batch after batch
+            epoch, i = epoch + 1, 0
+            order = data.epoch_order(epoch, config.seed)
+        started = time.perf_counter()
+        row = packed_row(data.decode(order[i * batch : (i + 1) * batch]))
+        i += 1
+        _, loss, _metrics = model(**row, **kwargs)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.optim.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(loss))
+        seconds.append(time.perf_counter() - started)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    summary = {
+        "steps": steps,
+        "loss_first5": round(statistics.mean(losses[:5]), 4),
+        "loss_last5": round(statistics.mean(losses[-5:]), 4),
+        "train_seconds": round(sum(seconds), 1),
+    }
+    (out / "parity_train.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-eval"))
+    parser.add_argument("--conversations", type=int, default=800)
+    parser.add_argument("--heldout", type=float, default=0.15)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--live-prompts", type=int, default=110)
+    parser.add_argument("--live-runs", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    from results_file import merge_results, write_section
+
+    from pipeline.demo.reference_shards import write_reference_shards
+    from pipeline.evaluate.config import parse_eval_config
+    from pipeline.evaluate.run import run_evaluation
+    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
+
+    started = time.monotonic()
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    shards = work / f"shards-bf16-{args.conversations}"  # bench/evaluate.py's names
+    if not (shards / "_latest").exists():
+        write_reference_shards(shards, num_conversations=args.conversations, num_units=4)
+    tag = f"{args.conversations}c-{args.steps}x{args.batch}-h{args.heldout}"
+    project = work / f"run-dspark-bf16-{tag}"
+    project_s = _project_run(shards, project, args.steps, args.batch, args.heldout)
+    theirs = work / f"speculators-dspark-{tag}"
+    summary = train_speculators(
+        shards, theirs, steps=args.steps, batch=args.batch, heldout=args.heldout
+    )
+    live = dict(
+        temperatures=[1.0],
+        num_prompts=args.live_prompts,
+        max_new_tokens=128,
+        samples_per_prompt=args.live_runs,
+    )
+    config = parse_eval_config(
+        dict(
+            target="toy:trained",
+            out_dir=str(work / f"parity-eval-{tag}"),
+            data=dict(uri=str(shards), heldout_fraction=args.heldout),
+            drafts=[
+                dict(name="DSpark (this project)", path=str(project)),
+                dict(name="DSpark (speculators)", path=str(theirs)),
+            ],
+            calibration=dict(store=False),
+            **({"live": live} if args.live_prompts else {}),
+        )
+    )
+    report = run_evaluation(config).report["drafts"]
+    ours, spec = report["DSpark (this project)"], report["DSpark (speculators)"]
+
+    def ratio(a: dict | None, b: dict | None) -> dict | None:
+        if not a or not b:
+            return None
+        point, lo, hi = ratio_interval(
+            PerSample.from_dict(a["per_sample"]), PerSample.from_dict(b["per_sample"])
+        )
+        ci = None if math.isnan(lo) else [round(lo, 3), round(hi, 3)]
+        return {"ratio": round(point, 3), "ci95": ci}
+
+    t0 = ratio(ours["offline_t0"], spec["offline_t0"])
+    t1 = ratio(ours.get("live", {}).get("1.0"), spec.get("live", {}).get("1.0"))
+    load = os.getloadavg()[0]
+    budget = (
+        f"{args.steps} steps x {args.batch} sequences (the same samples in the same order), "
+        f"{ANCHORS_PER_SEQUENCE} anchors per sequence, 2 layers, block 5, Markov rank 64, "
+        f"anchor layout, AdamW lr 3e-3 with 4% warmup and cosine, clip 1.0, fp32; "
+        f"{args.conversations} conversations, held-out fraction {args.heldout}"
+    )
+    taus = {
+        name: {
+            "T0": r["offline_t0"]["tau_macro"],
+            "T1": r.get("live", {}).get("1.0", {}).get("tau_macro"),
+        }
+        for name, r in report.items()
+    }
+    figures = {
+        "P7": t0["ratio"],
+        "P7_ci95": t0["ci95"],
+        "P7_T1": t1["ratio"] if t1 else None,
+        "P7_T1_ci95": t1["ci95"] if t1 else None,
+        "P7_tau_macro": taus,
+        "P7_speculators_training": summary,
+        "P7_budget": budget,
+        "P7_bench_load_average": round(load, 2),
+    }
+    merge_results(figures)
+
+    def line(key: str, fig: dict | None, where: str) -> str:
+        if not fig:
+            return f"* {key}: not measured (--live-prompts 0)"
+        ci = "95% CI {:.3f}-{:.3f}".format(*fig["ci95"]) if fig["ci95"] else "no interval"
+        return f"* **{key}** (this project / speculators, macro tau, {where}) **= {fig['ratio']:.3f}** ({ci}; goal >= 1.0)"
+
+    rows = [
+        "| draft | macro tau T=0 | macro tau T=1 |",
+        "|---|---|---|",
+        *[
+            f"| {n} | {t['T0']:.3f} | {t['T1']:.3f} |"
+            if t["T1"] is not None
+            else f"| {n} | {t['T0']:.3f} | n/a |"
+            for n, t in taus.items()
+        ],
+    ]
+    section = "\n".join(
+        [
+            "## Parity with the field's trainer (bench/train_parity.py, key P7)",
+            "",
+            "speculators 0.9.0's DSpark (`DSparkDraftModel`, eager attention and eager losses, "
+            'its loss `{"ce": 0.1, "tv": 0.9}` + confidence BCE) trained on this project\'s '
+            f"shards with the same budget and draft size as the project's DSpark: {budget}. "
+            "Its `verifier_norm` is the identity (the shards store the final state after the "
+            "norm). Both evaluated by the project's evaluator on the same held-out samples "
+            f"(T=0 exact offline walk; T=1 live loop, {args.live_prompts} prompts x "
+            f"{args.live_runs} runs); the speculators draft loaded from its own "
+            "`save_pretrained` directory through the project's import of the format. "
+            f"speculators training: {summary}; project training {project_s:.0f} s (0: reused). "
+            f"{platform.processor() or platform.machine()}, load average {load:.2f}, "
+            f"{time.monotonic() - started:.0f} s.",
+            "",
+            *rows,
+            "",
+            line("P7", t0, "T=0"),
+            line("P7_T1", t1, "T=1"),
+        ]
+    )
+    write_section("bench/train_parity.py", section)
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""`make demo` trains DSpark and DFlash on equal terms: same shards, budget and backbone."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.demo.train import DEMO_STEPS, demo_train_config
+
+
+def test_demo_trains_dspark_and_dflash_with_the_same_budget(tmp_path):
+    dspark = demo_train_config(tmp_path, "shards", kind="dspark")
+    dflash = demo_train_config(tmp_path, "shards", kind="dflash")
+    assert (dspark.draft.kind, dflash.draft.kind) == ("dspark", "dflash")
+    assert dspark.out_dir != dflash.out_dir
+    same = lambda c: (  # noqa: E731
+        c.data,
+        c.num_steps,
+        c.global_batch_size,
+        c.optim,
+        c.seed,
+        c.draft.num_layers,
+        c.draft.block_size,
+        c.draft.anchor_predicts,  # both in the fill-in layout: vLLM's CPU build serves them
+    )
+    assert same(dspark) == same(dflash) and dspark.num_steps == DEMO_STEPS
+    with pytest.raises(ValueError, match="the demo trains one of"):
+        from pipeline.demo.train import train_demo_draft
+
+        train_demo_draft(tmp_path, kind="medusa")
