@@ -181,7 +181,10 @@ def run_a_b(config, conversations, work: Path) -> dict:
     del llm
     _free()
     t0 = time.perf_counter()
-    capture = VLLMTarget(config.target, model_dir, capture=True)
+    # The second pass feeds prompt + answer and samples one token: one more than
+    # the context the answers were generated in.
+    wider = config.target.model_copy(update={"max_model_len": config.target.max_model_len + 1})
+    capture = VLLMTarget(wider, model_dir, capture=True)
     start_b = time.perf_counter() - t0
     b2_s = second_pass(capture, answers, work / "two-pass")
     capture.close()

@@ -93,6 +93,7 @@ class _StepSink:
         self.writes = writes and self.transport != "discard"
         self.writer_id = str(os.getpid())
         self.steps = itertools.count()
+        self._keys: dict[str, str | None] = {}  # vLLM request id -> capture key (None: none)
 
     def capture(self, runner, aux_hidden_states: list[torch.Tensor]) -> None:
         if not self.writes:
@@ -105,22 +106,39 @@ class _StepSink:
         computed = batch.num_computed_tokens_cpu[:num_reqs].tolist()
         keys, starts, lengths, index = [], [], [], []
         for i, req_id in enumerate(batch.req_ids[:num_reqs]):
-            state = runner.requests.get(req_id)
-            params = getattr(state, "sampling_params", None)
-            key = ((params.extra_args or {}) if params is not None else {}).get(CAPTURE_ARG)
+            key = self._key(runner, req_id)
             length = offsets[i + 1] - offsets[i]
             if key is None or length <= 0:
                 continue
-            keys.append(str(key))
+            keys.append(key)
             starts.append(int(computed[i]))
             lengths.append(length)
             index.append((offsets[i], offsets[i + 1]))
         if not keys:
             return
-        stacked = torch.stack(aux_hidden_states, dim=1)  # (num_tokens, num_aux, H)
-        rows = torch.cat([stacked[a:b] for a, b in index]).to("cpu")
-        chunk = CaptureChunk(next(self.steps), keys, starts, lengths, rows)
+        if len(keys) == num_reqs:  # every request captures: its rows are one block
+            end = offsets[num_reqs]
+            rows = torch.stack([h[:end] for h in aux_hidden_states], dim=1)
+        else:
+            device = aux_hidden_states[0].device
+            idx = torch.cat([torch.arange(a, b, device=device) for a, b in index])
+            rows = torch.stack([h.index_select(0, idx) for h in aux_hidden_states], dim=1)
+        chunk = CaptureChunk(next(self.steps), keys, starts, lengths, rows.to("cpu"))
         if self.transport == "spool":
             write_spool(self.capture_dir, self.writer_id, chunk)
         else:
             put_inprocess(self.channel, chunk)
+
+    def _key(self, runner, req_id: str) -> str | None:
+        """A request's capture key (looked up once per request, not once per step)."""
+        try:
+            return self._keys[req_id]
+        except KeyError:
+            pass
+        if len(self._keys) > 2 * len(runner.requests) + 64:  # forget finished requests
+            self._keys = {r: k for r, k in self._keys.items() if r in runner.requests}
+        state = runner.requests.get(req_id)
+        params = getattr(state, "sampling_params", None)
+        key = ((params.extra_args or {}) if params is not None else {}).get(CAPTURE_ARG)
+        self._keys[req_id] = None if key is None else str(key)
+        return self._keys[req_id]

@@ -256,22 +256,37 @@ class VLLMTarget:
         return run_all(self, requests, params, capture=True)
 
     def _to_captured(self, gen: Generation, parts) -> CapturedGeneration:
-        """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe)."""
+        """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe).
+
+        Pieces `(start, rows (n, k+1, H))` arrive in step order (a later one
+        overwrites an earlier one at the same position) and go straight into
+        the output tensors: one copy of the captured bytes, not three.
+        """
         import torch
 
-        from pipeline.targets.capture import join_parts, rms_norm
+        from pipeline.targets.capture import rms_norm
 
-        captured = join_parts(gen.request_id, parts)  # (positions, k+1, H)
         num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
-        fed = num_tokens - 1
-        if captured.shape[0] < fed:
-            raise RuntimeError(f"captured {captured.shape[0]} positions, expected {fed}")
-        k = len(self.aux_layer_ids)
-        captured = captured[:fed].to(self.dtype)  # drop the draft row at position T-1
-        hidden = torch.zeros(num_tokens, k * self.hidden_size, dtype=self.dtype)
-        hidden[:fed] = captured[:, :k].reshape(fed, k * self.hidden_size)
-        last = torch.zeros(num_tokens, self.hidden_size, dtype=self.dtype)
-        last[:fed] = rms_norm(captured[:, k], self.norm_weight, self.norm_eps)
+        fed = num_tokens - 1  # the last sampled token is never fed
+        k, width = len(self.aux_layer_ids), self.hidden_size
+        hidden = torch.empty(num_tokens, k * width, dtype=self.dtype)
+        hidden[fed:] = 0
+        streams = hidden[:fed].view(fed, k, width)
+        final = torch.empty(fed, width, dtype=self.dtype)
+        written = torch.zeros(fed, dtype=torch.bool)
+        for start, rows in parts:
+            stop = min(start + rows.shape[0], fed)
+            if stop <= start:
+                continue  # a throw-away draft row past the last fed token
+            streams[start:stop] = rows[: stop - start, :k]
+            final[start:stop] = rows[: stop - start, k]
+            written[start:stop] = True
+        if not bool(written.all()):
+            missing = (~written).nonzero().flatten()[:8].tolist()
+            raise RuntimeError(f"capture {gen.request_id!r}: positions never written: {missing}")
+        last = torch.empty(num_tokens, width, dtype=self.dtype)
+        last[fed:] = 0
+        last[:fed] = rms_norm(final, self.norm_weight, self.norm_eps)
         return CapturedGeneration(
             gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
         )
