@@ -7,7 +7,8 @@ The driver's side of the replica pool, apart from planning and committing:
 * a replica that dies (OOM, node loss, SIGKILL) fails its in-flight units
   with a `RayActorError`; they go back in the queue and the replica is
   probed: Ray restarts it (`replicas.max_restarts`) and it takes units again
-  once its engine is up, or it is dead for good and leaves the pool;
+  once its engine is up (a probe that finds it unavailable, i.e. restarting,
+  is sent again), or it is dead for good (`ActorDiedError`) and leaves the pool;
 * an error raised inside a unit is retried only when it is transient (a
   storage timeout, throttling), after a backoff with jitter; a deterministic
   one (bad data reaching the shard writer, a bug) fails the unit at once;
@@ -35,6 +36,8 @@ from pipeline.logs import kv
 from pipeline.regenerate.units import WorkUnit
 
 log = logging.getLogger(__name__)
+
+PROBE_RETRY_S = 0.5  # between probes of a replica Ray is still restarting
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class _Replica:
     load: int = 0
     probe: Any = None  # the ready() call in flight while it restarts
     probe_started: float = 0.0
+    probe_after: float = 0.0  # when to ask again (a probe that found it still restarting)
     stats: Any = None  # the stats() call in flight (stall check)
     stats_sent: float = 0.0
 
@@ -192,12 +196,14 @@ class UnitScheduler:
 
     def _check_replicas(self, in_flight, queue, failed_on) -> None:
         import ray
-        from ray.exceptions import ActorDiedError, RayActorError
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         now = time.monotonic()
         for index, replica in enumerate(self.replicas):
             if replica.state == "probing":
-                done, _ = ray.wait([replica.probe], timeout=0)
+                if replica.probe is None and now >= replica.probe_after:
+                    replica.probe = replica.actor.ready.remote()
+                done = [] if replica.probe is None else ray.wait([replica.probe], timeout=0)[0]
                 if not done and now - replica.probe_started > self.limits.replica_restart_timeout_s:
                     replica.state = "dead"
                     self.report.replicas_lost += 1
@@ -209,6 +215,10 @@ class UnitScheduler:
                         replica.capacity = info["units_wanted"]
                         self.report.replicas_restarted += 1
                         log.info("replica back %s", kv(replica=index, pid=info["pid"]))
+                    except ActorUnavailableError:
+                        # Still restarting (a probe sent before Ray saw the death reaches
+                        # the dead process): not dead, ask again shortly.
+                        replica.probe, replica.probe_after = None, now + PROBE_RETRY_S
                     except (ActorDiedError, RayActorError) as err:
                         replica.state = "dead"
                         self.report.replicas_lost += 1

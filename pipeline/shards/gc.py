@@ -76,11 +76,11 @@ class GcReport:
 
 
 def _is_candidate(key: str) -> bool:
-    name = key.rsplit("/", 1)[-1]
-    if key.startswith((SHARD_PREFIX, SIDECAR_PREFIX, SEGMENT_PREFIX)):
-        return True
-    # A create-only put killed before its link leaves a hidden temp file.
-    return ".tmp-" in name and name.startswith(".")
+    # Data files only, with the hidden temp files of puts killed before their link
+    # (they live beside the file they were becoming). A temp file beside a control
+    # object (the lease, a root, a session) is a put_if_match in flight, often
+    # before any session exists to protect it: never a candidate.
+    return key.startswith((SHARD_PREFIX, SIDECAR_PREFIX, SEGMENT_PREFIX))
 
 
 def _referenced(ds: Dataset, versions: list[int], retained: list[int]) -> set[str]:

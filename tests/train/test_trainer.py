@@ -45,9 +45,12 @@ def test_loss_falls_on_toy_shards(toy_shards, tmp_path):
     losses = [m["loss"] for m in result.metrics]
     assert len(losses) == 40
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    # The loss is dominated by 0.9 x L1, which falls slowly on this budget (measured
-    # 2.60 -> 2.26 while TV per slot goes 0.96 -> 0.82).
-    assert last < 0.9 * first, (first, last)
+    ces = [m["ce"] for m in result.metrics]
+    # The loss is dominated by 0.9 x L1, which falls slowly on this budget
+    # (measured: loss 2.59 -> 2.34, CE 5.87 -> 4.37, step-to-step noise ~0.03); an
+    # untrained draft stays near its first values.
+    assert last < 0.95 * first, (first, last)
+    assert sum(ces[-5:]) / 5 < 0.85 * sum(ces[:5]) / 5, ces
     assert result.metrics[-1]["tv"] < result.metrics[0]["tv"]
     assert result.metrics[-1]["tau_tv"] > result.metrics[0]["tau_tv"]
     assert result.heldout and result.heldout["samples"] > 0
