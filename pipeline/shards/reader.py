@@ -46,6 +46,7 @@ from pipeline.prefetch import prefetched
 from pipeline.shards import codecs
 from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
 from pipeline.shards.schema import ShardMeta, read_shard_meta
+from pipeline.storage import check_key
 
 _KEY_COLUMNS = ["sample_id", "domain"]
 _HASH_CHUNK = 8 << 20
@@ -208,9 +209,11 @@ class ShardReader:
         return [self.dataset.shard_url(e) for e in self.manifest.shards]
 
     def arrow_files(self) -> tuple[Any, list[str]]:
-        """(pyarrow filesystem, paths) of this version's shards, for `pq.ParquetDataset`."""
+        """(pyarrow filesystem, paths) of this version's shards, for `pq.ParquetDataset`.
+
+        Each path is checked to stay under the dataset root (manifest paths are data)."""
         filesystem, base = self.dataset.storage.arrow_filesystem()
-        return filesystem, [f"{base}/{e.path}" for e in self.manifest.shards]
+        return filesystem, [f"{base}/{check_key(e.path)}" for e in self.manifest.shards]
 
     def __len__(self) -> int:
         """Live rows in this rank's shards (before the domain filter)."""
