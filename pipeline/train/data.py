@@ -160,6 +160,7 @@ class TrainingData:
         domains = set(self.cfg.domains) if self.cfg.domains else None
         rows, heldout = [], []
         for s, entry in enumerate(self.manifest.shards):
+            dropped = frozenset(entry.dropped)  # rows this version tombstones: never trained on
             pf, _ = open_shard(self.dataset, entry)
             with pf:
                 for g in range(pf.metadata.num_row_groups):
@@ -167,7 +168,7 @@ class TrainingData:
                     ids = keys.column("sample_id").to_pylist()
                     doms = keys.column("domain").to_pylist()
                     for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
-                        if domains is not None and dom not in domains:
+                        if sid in dropped or (domains is not None and dom not in domains):
                             continue
                         ref = RowRef(s, g, r, sid)
                         (heldout if is_heldout(sid, self.cfg.heldout_fraction) else rows).append(
