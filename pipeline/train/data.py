@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from pipeline.shards.manifest import Dataset, Manifest
-from pipeline.shards.reader import TrainingSample, decode_rows, open_shard
+from pipeline.shards.reader import TrainingSample, decode_rows, open_shard, read_row_group
 from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
 from pipeline.train.config import TrainDataConfig
 from pipeline.train.drafts.common import DraftInputs
@@ -162,9 +162,10 @@ class TrainingData:
         for s, entry in enumerate(self.manifest.shards):
             dropped = frozenset(entry.dropped)  # rows this version tombstones: never trained on
             pf, _ = open_shard(self.dataset, entry)
+            url = self.dataset.shard_url(entry)
             with pf:
                 for g in range(pf.metadata.num_row_groups):
-                    keys = pf.read_row_group(g, columns=["sample_id", "domain"])
+                    keys = read_row_group(pf, g, url, ["sample_id", "domain"])
                     ids = keys.column("sample_id").to_pylist()
                     doms = keys.column("domain").to_pylist()
                     for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
@@ -227,7 +228,7 @@ class TrainingData:
         entry = self.manifest.shards[shard]
         pf, _ = open_shard(self.dataset, entry)
         with pf:
-            table = pf.read_row_group(group)
+            table = read_row_group(pf, group, self.dataset.shard_url(entry))
         self._cache = ((shard, group), table)
         return table
 
