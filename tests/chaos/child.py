@@ -29,7 +29,11 @@ def main(cmd: str, *args: str) -> int:
                 print(f"WROTE {i}", flush=True)
                 time.sleep(0.02)
     elif cmd == "run":
+        import torch
+
         from pipeline.shards import lease
+
+        torch.set_num_threads(1)  # as the chaos suite's own process (conftest.py)
 
         lease.DEFAULT_TTL_S = float(args[1])
         lease.CLOCK_MARGIN_S = 1.0

@@ -15,9 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 
 HERE = Path(__file__).parent
+
+# The in-process runs use one torch thread: on a small shared machine OpenMP
+# spin-waiting made two threads ~40x slower than one (pipeline/demo/reference_shards.py).
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
