@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from pipeline.shards.schema import Provenance
-from pipeline.storage import Storage
+from pipeline.storage import Storage, check_key
 
 MANIFEST_FORMAT = "dspark-targets.manifest"
 MANIFEST_VERSION = 2  # what this code writes; it reads 1 and 2
@@ -103,6 +103,10 @@ class ShardEntry:
     def from_dict(cls, data: Mapping[str, Any]) -> ShardEntry:
         data = dict(data)
         data["dropped"] = tuple(data.get("dropped", ()))
+        # Paths from a manifest are data: they must stay under the dataset root.
+        check_key(data.get("path"))
+        if data.get("sidecar") is not None:
+            check_key(data["sidecar"])
         return cls(**data)
 
     def with_drops(self, ids: set[str] | frozenset[str], rows: int) -> ShardEntry:
@@ -298,7 +302,13 @@ class Root:
 
     @property
     def segments(self) -> tuple[SegmentRef, ...]:
-        return tuple(SegmentRef(**s) for s in self.body.get("segments", ()))
+        try:
+            refs = tuple(SegmentRef(**s) for s in self.body.get("segments", ()))
+            for ref in refs:
+                check_key(ref.key)  # a key from the root: it must stay under the dataset root
+        except (TypeError, ValueError) as err:
+            raise DatasetError(f"{self.where}: malformed segment list ({err})") from None
+        return refs
 
 
 def parse_root(text: str | bytes, where: str) -> Root:

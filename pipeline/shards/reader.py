@@ -46,6 +46,7 @@ from pipeline.prefetch import prefetched
 from pipeline.shards import codecs
 from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry
 from pipeline.shards.schema import ShardMeta, read_shard_meta
+from pipeline.storage import check_key, is_transient
 
 _KEY_COLUMNS = ["sample_id", "domain"]
 _HASH_CHUNK = 8 << 20
@@ -80,13 +81,41 @@ def open_shard(dataset: Dataset, entry: ShardEntry) -> tuple[pq.ParquetFile, Sha
         raise DatasetError(
             f"{url}: {size} bytes, the manifest says {entry.bytes} (truncated or replaced)"
         )
-    pf = pq.ParquetFile(dataset.storage.open_read(entry.path))
-    meta = read_shard_meta(pf.schema_arrow, url)
+    try:
+        # Page CRCs (written by ShardWriter) are checked on every read: a flipped bit in
+        # a page is an error here, never a silently different tensor.
+        pf = pq.ParquetFile(dataset.storage.open_read(entry.path), page_checksum_verification=True)
+        meta = read_shard_meta(pf.schema_arrow, url)
+    except DatasetError:
+        raise
+    except (OSError, pa.ArrowException, ValueError) as err:
+        if is_transient(err):
+            raise
+        raise DatasetError(_damaged(url, err)) from None
     if meta.provenance.identity_key() != entry.identity:
         raise DatasetError(f"{url}: provenance differs from what the manifest recorded")
     if pf.metadata.num_rows != entry.rows:
         raise DatasetError(f"{url}: {pf.metadata.num_rows} rows, the manifest says {entry.rows}")
     return pf, meta
+
+
+def _damaged(where: str, err: BaseException) -> str:
+    return (
+        f"{where}: unreadable ({type(err).__name__}: {err}); the file is damaged "
+        "(`dspark-targets verify` checks every shard against its sha256)"
+    )
+
+
+def read_row_group(
+    pf: pq.ParquetFile, group: int, where: str, columns: list[str] | None = None
+) -> pa.Table:
+    """One row group of an open shard, its page checksums verified; damage is a DatasetError."""
+    try:
+        return pf.read_row_group(group, columns=columns)
+    except (OSError, pa.ArrowException, ValueError) as err:
+        if is_transient(err):
+            raise
+        raise DatasetError(_damaged(f"{where}, row group {group}", err)) from None
 
 
 def decode_rows(table: pa.Table, where: str) -> Iterator[TrainingSample]:
@@ -208,9 +237,11 @@ class ShardReader:
         return [self.dataset.shard_url(e) for e in self.manifest.shards]
 
     def arrow_files(self) -> tuple[Any, list[str]]:
-        """(pyarrow filesystem, paths) of this version's shards, for `pq.ParquetDataset`."""
+        """(pyarrow filesystem, paths) of this version's shards, for `pq.ParquetDataset`.
+
+        Each path is checked to stay under the dataset root (manifest paths are data)."""
         filesystem, base = self.dataset.storage.arrow_filesystem()
-        return filesystem, [f"{base}/{e.path}" for e in self.manifest.shards]
+        return filesystem, [f"{base}/{check_key(e.path)}" for e in self.manifest.shards]
 
     def __len__(self) -> int:
         """Live rows in this rank's shards (before the domain filter)."""
@@ -288,7 +319,7 @@ class ShardReader:
         dropped = frozenset(entry.dropped)
         with pf:
             for group in range(pf.metadata.num_row_groups):
-                keys = pf.read_row_group(group, columns=_KEY_COLUMNS)
+                keys = read_row_group(pf, group, url, _KEY_COLUMNS)
                 keep = [
                     i
                     for i, (sid, dom) in enumerate(
@@ -304,7 +335,7 @@ class ShardReader:
                 ]
                 if not keep:
                     continue
-                table = pf.read_row_group(group)
+                table = read_row_group(pf, group, url)
                 if len(keep) < table.num_rows:
                     table = table.take(keep)
                 yield from decode_rows(table, url)

@@ -71,6 +71,7 @@ _PARQUET_OPTIONS: dict[str, Any] = dict(
     use_dictionary=["source", "domain", "finish_reason"],
     write_statistics=["sample_id", "source", "domain", "finish_reason"],
     write_page_index=False,
+    write_page_checksum=True,
 )
 
 

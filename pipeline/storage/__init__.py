@@ -38,8 +38,11 @@ from pipeline.storage.base import (
     RetryPolicy,
     Storage,
     StorageError,
+    UnsafePath,
     UploadInfo,
+    check_key,
     is_transient,
+    path_under,
 )
 from pipeline.storage.local import LocalStorage, write_text_atomic
 
@@ -51,9 +54,12 @@ __all__ = [
     "RetryPolicy",
     "Storage",
     "StorageError",
+    "UnsafePath",
     "UploadInfo",
+    "check_key",
     "is_transient",
     "open_storage",
+    "path_under",
     "write_text_atomic",
 ]
 

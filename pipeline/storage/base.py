@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
@@ -72,13 +73,39 @@ class Storage(Protocol):
     def arrow_filesystem(self) -> tuple[Any, str]: ...
 
 
+class UnsafePath(ValueError):
+    """A path built from data (a manifest, a pointer, an index) would leave its root."""
+
+
 def check_key(key: str) -> str:
+    """`key` if it is a plain relative key that stays under the storage root, else ValueError."""
+    if not isinstance(key, str):
+        raise UnsafePath(f"invalid storage key {key!r}: not a string")
     parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(
+    if not key or key.startswith("/") or "\0" in key or any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath(
             f"invalid storage key {key!r}: use a relative path without '.', '..' or '//'"
         )
     return key
+
+
+def path_under(root: str | Path, name: str, what: str) -> Path:
+    """`root / name` for a `name` read from data, refused (UnsafePath) if it could leave `root`.
+
+    The check is on the name itself: absolute, empty, '.' or '..' parts, or a
+    NUL are refused, so no pointer, manifest entry or index can climb
+    out of the directory it is joined to. Symlinks are not resolved: links the
+    directory's owner made (the Hugging Face cache's snapshot links into its
+    blobs) are theirs to make.
+    """
+    try:
+        check_key(name)
+    except UnsafePath:
+        raise UnsafePath(
+            f"{what}: {name!r} is not a plain relative path under {root} "
+            "(absolute, '..', '.' or empty parts): refusing to follow it"
+        ) from None
+    return Path(root) / name
 
 
 # --------------------------------------------------------------------------- retries

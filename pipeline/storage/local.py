@@ -180,6 +180,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)  # the rename itself survives a power loss
     return path
 
 

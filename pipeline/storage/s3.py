@@ -5,6 +5,21 @@ one `PutObject` with `If-None-Match: *`; a larger one is a multipart upload
 whose `CompleteMultipartUpload` carries `If-None-Match: *`, so whichever
 writer completes first owns the name and a late one gets `AlreadyExists`
 (its upload is aborted). AWS S3 has honoured both since 2024; MinIO does too.
+`open_write` is the same upload without the condition.
+
+Streams retry like every other call (`RetryPolicy`, transient errors only):
+
+* an upload retries each request on its own (`CreateMultipartUpload`, every
+  `UploadPart` with the part's bytes, `CompleteMultipartUpload`, the single
+  `PutObject`), so a reset in part 7 re-sends part 7, not the file. A retried
+  request whose first try landed is recognised: a `PutObject` answered 412
+  whose object holds our bytes, a `CompleteMultipartUpload` answered 412 or
+  `NoSuchUpload` whose object carries the multipart ETag of our parts (S3's
+  md5 of the parts' md5s), is ours, not another writer's;
+* a read (`open_read`) that fails mid-stream reopens the object and resumes
+  at the offset the caller reached, so no byte is skipped or read twice; if
+  the object's ETag changed meanwhile the read stops with `StorageError`
+  (data files never change, so that is damage, not a retry).
 
 Credentials and endpoints: see the package docstring (`pipeline/storage/__init__.py`).
 """
@@ -12,15 +27,19 @@ Credentials and endpoints: see the package docstring (`pipeline/storage/__init__
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from pipeline.redact import strip_userinfo
 from pipeline.storage.base import (
     AlreadyExists,
     ObjectInfo,
     PreconditionFailed,
     RetryPolicy,
+    StorageError,
     UploadInfo,
     check_key,
     client_error,
@@ -55,7 +74,8 @@ class S3Storage:
         self.fs = s3fs.S3FileSystem(**self._options, use_listings_cache=False)
 
     def __repr__(self) -> str:
-        return f"S3Storage({self.uri!r}, endpoint_url={self.endpoint_url!r})"
+        endpoint = strip_userinfo(self.endpoint_url) if self.endpoint_url else None
+        return f"S3Storage({self.uri!r}, endpoint_url={endpoint!r})"
 
     def _key(self, key: str) -> str:
         check_key(key)
@@ -96,33 +116,29 @@ class S3Storage:
         return self.retry.call("read", lambda: self.fs.cat_file(f"{self.bucket}/{bucket_key}"))
 
     def open_read(self, key: str) -> BinaryIO:
-        return self.fs.open(self._path(key), "rb", cache_type="readahead", block_size=8 << 20)
+        """A seekable read stream that resumes at its offset after a transient error."""
+        return _ResumableRead(self, key)  # type: ignore[return-value]
 
     @contextlib.contextmanager
     def open_write(self, key: str) -> Iterator[BinaryIO]:
-        # Small files go up in one PUT at close, large ones as a multipart upload
-        # completed at close: either way nothing is visible before close.
-        f = self.fs.open(self._path(key), "wb", block_size=16 << 20)
-        try:
+        """All or nothing, replacing an existing object (side files, never data files)."""
+        with self._upload(_Upload(self, key, create_only=False)) as f:
             yield f
-        except BaseException:
-            f.discard()  # aborts the multipart upload; nothing becomes visible
-            f.closed = True
-            raise
-        try:
-            f.close()  # completes the upload: the object appears now
-        except BaseException:
-            with contextlib.suppress(Exception):
-                f.discard()  # do not leave a multipart upload behind
-            raise
 
     @contextlib.contextmanager
     def open_create(self, key: str) -> Iterator[BinaryIO]:
-        upload = _CreateOnlyUpload(self, key)
+        """All or nothing, create-only: `AlreadyExists` if the name was taken first."""
+        with self._upload(_Upload(self, key, create_only=True)) as f:
+            yield f
+
+    @contextlib.contextmanager
+    def _upload(self, upload: _Upload) -> Iterator[BinaryIO]:
+        # Small files go up in one PUT at close, large ones as a multipart upload
+        # completed at close: either way nothing is visible before close.
         try:
-            yield upload
+            yield upload  # type: ignore[misc]
         except BaseException:
-            upload.abort()
+            upload.abort()  # nothing becomes visible; no multipart upload stays behind
             raise
         upload.finish()
 
@@ -150,15 +166,19 @@ class S3Storage:
             }
 
     def abort_upload(self, upload: UploadInfo) -> None:
-        self.retry.call(
-            "abort_upload",
-            lambda: self.fs.call_s3(
-                "abort_multipart_upload",
-                Bucket=self.bucket,
-                Key=self._key(upload.key),
-                UploadId=upload.upload_id,
-            ),
-        )
+        """Abort an unfinished upload; one already gone (a retried abort) is not an error."""
+        try:
+            self.retry.call(
+                "abort_upload",
+                lambda: self.fs.call_s3(
+                    "abort_multipart_upload",
+                    Bucket=self.bucket,
+                    Key=self._key(upload.key),
+                    UploadId=upload.upload_id,
+                ),
+            )
+        except FileNotFoundError:  # NoSuchUpload
+            pass
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         def put() -> None:
@@ -230,13 +250,14 @@ class S3Storage:
         return pafs.S3FileSystem(**kwargs), f"{self.bucket}/{self.prefix}".rstrip("/")
 
 
-class _CreateOnlyUpload:
-    """A write-only file object: buffered parts, published create-only at `finish`."""
+class _Upload:
+    """A write-only file object: buffered parts, published at `finish` (create-only or not)."""
 
-    def __init__(self, storage: S3Storage, key: str) -> None:
+    def __init__(self, storage: S3Storage, key: str, *, create_only: bool) -> None:
         self._s3 = storage
         self._key = storage._key(key)
         self._url = storage.url(key)
+        self._cond = {"IfNoneMatch": "*"} if create_only else {}
         self._buffer = bytearray()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
@@ -245,7 +266,8 @@ class _CreateOnlyUpload:
     def _call(self, op: str, **kwargs: Any) -> Any:
         s3 = self._s3
         return s3.retry.call(
-            op, lambda: s3.fs.call_s3(op, Bucket=s3.bucket, Key=self._key, **kwargs)
+            f"{op} {self._url}",
+            lambda: s3.fs.call_s3(op, Bucket=s3.bucket, Key=self._key, **kwargs),
         )
 
     def write(self, data: bytes | memoryview) -> int:
@@ -265,10 +287,32 @@ class _CreateOnlyUpload:
         if self._upload_id is None:
             self._upload_id = self._call("create_multipart_upload")["UploadId"]
         number = len(self._parts) + 1
+        # Re-sending a part number replaces that part: a retried part is idempotent.
         etag = self._call("upload_part", UploadId=self._upload_id, PartNumber=number, Body=body)[
             "ETag"
         ]
         self._parts.append({"PartNumber": number, "ETag": etag})
+
+    def _multipart_etag(self) -> str:
+        """The ETag S3 gives the completed object: md5 of the parts' md5s, then -<parts>."""
+        digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in self._parts)
+        return f'"{hashlib.md5(digests).hexdigest()}-{len(self._parts)}"'
+
+    def _landed(self, err: BaseException, body: bytes | None) -> bool:
+        """Whether a failed final request's object is ours (an earlier try of it landed)."""
+        code = (client_error(err) or {}).get("Error", {}).get("Code")
+        if not (_precondition(err) or code == "NoSuchUpload"):
+            return False
+        try:
+            if body is not None:  # a single PUT: compare the bytes
+                return self._s3.read_bytes_raw(self._key) == body
+            head = self._s3.retry.call(
+                f"head_object {self._url}",
+                lambda: self._s3.fs.call_s3("head_object", Bucket=self._s3.bucket, Key=self._key),
+            )
+        except FileNotFoundError:
+            return False
+        return head.get("ETag") == self._multipart_etag()
 
     def finish(self) -> None:
         self.closed = True
@@ -276,20 +320,23 @@ class _CreateOnlyUpload:
             if self._upload_id is None:
                 body = bytes(self._buffer)
                 try:
-                    self._call("put_object", Body=body, IfNoneMatch="*")
+                    self._call("put_object", Body=body, **self._cond)
                 except Exception as err:
-                    # A retried PUT whose first attempt landed reports 412: that is ours.
-                    if not (_precondition(err) and self._s3.read_bytes_raw(self._key) == body):
+                    if not self._landed(err, body):
                         raise
                 return
             if self._buffer:
                 self._upload_part(bytes(self._buffer))
-            self._call(
-                "complete_multipart_upload",
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": self._parts},
-                IfNoneMatch="*",
-            )
+            try:
+                self._call(
+                    "complete_multipart_upload",
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": self._parts},
+                    **self._cond,
+                )
+            except Exception as err:
+                if not self._landed(err, None):
+                    raise
             self._upload_id = None
         except Exception as err:
             self.abort()
@@ -305,6 +352,106 @@ class _CreateOnlyUpload:
             with contextlib.suppress(Exception):  # gc aborts what is left behind
                 self._call("abort_multipart_upload", UploadId=self._upload_id)
             self._upload_id = None
+
+
+class _ResumableRead(io.RawIOBase):
+    """A read stream over one object that reopens at its own offset after a transient error.
+
+    The offset is this object's, not s3fs's: a read that fails half-way is
+    redone from where the caller stood, so a partial read inside s3fs can
+    neither skip nor repeat bytes. The first open happens here, so a missing
+    object raises FileNotFoundError at `open_read`, as on local disk.
+    """
+
+    _BLOCK = 8 << 20
+
+    def __init__(self, storage: S3Storage, key: str) -> None:
+        super().__init__()
+        self._s3 = storage
+        self._path = storage._path(key)
+        self._url = storage.url(key)
+        self._pos = 0
+        self._file: Any = None
+        self._etag: str | None = None
+        self._size = 0
+        self._s3.retry.call(f"open {self._url}", self._open)
+
+    def _open(self) -> Any:
+        if self._file is None:
+            f = self._s3.fs.open(self._path, "rb", cache_type="readahead", block_size=self._BLOCK)
+            etag = (getattr(f, "details", None) or {}).get("ETag")
+            if self._etag is not None and etag is not None and etag != self._etag:
+                f.close()
+                raise StorageError(
+                    f"{self._url} changed while it was read (ETag {self._etag} -> {etag})"
+                )
+            self._etag, self._size, self._file = etag, int(f.size), f
+        self._file.seek(self._pos)
+        return self._file
+
+    def _drop(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            with contextlib.suppress(Exception):
+                f.close()
+
+    def _attempt(self, what: str, fn: Any) -> Any:
+        def once() -> Any:
+            try:
+                return fn(self._open())
+            except Exception:
+                self._drop()  # the next try reopens at self._pos
+                raise
+
+        return self._s3.retry.call(f"{what} {self._url}", once)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.closed:
+            raise ValueError(f"read of closed stream {self._url}")
+        want = -1 if size is None or size < 0 else size
+        data = self._attempt("read", lambda f: f.read(want))
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos} in {self._url}")
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
 
 
 def _precondition(err: BaseException) -> bool:

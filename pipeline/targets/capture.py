@@ -320,8 +320,11 @@ def load_final_norm(model_dir: str, revision: str | None = None) -> tuple[torch.
 
     def fetch(filename: str) -> str | None:
         """A local path of the checkpoint file, or None when the checkpoint has no such file."""
+        from pipeline.storage import path_under
+
+        # The name may come from the checkpoint's index (data): it must stay in the model.
+        local = path_under(model_dir, filename, f"target {model_dir}: weight file")
         if Path(model_dir).is_dir():
-            local = Path(model_dir) / filename
             return str(local) if local.exists() else None
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError

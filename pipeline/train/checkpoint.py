@@ -6,9 +6,12 @@
 `state.pt` holds the draft's tensors (`model`, vLLM's names), the AdamW and
 scheduler states, the step and the data position of every rank; `spec.json`
 the DraftSpec; `config.yaml` the whole TrainConfig (so a checkpoint says what
-target and data it was trained on). A checkpoint is written into a temporary
-sibling and renamed, then `latest` is replaced atomically: a crash leaves
-either the old or the new checkpoint, never half of one.
+target and data it was trained on, `data.version` included: a resumed run
+reads that version). A checkpoint is written into a temporary sibling, every
+file and the directory fsynced, and renamed into place, then `latest` is
+replaced atomically (fsynced too): a crash or power loss leaves either the
+old or the new checkpoint, never half of one. `latest` is data: a name in it
+that is not a plain directory name under `checkpoints/` is refused.
 
 The trainer saves and resumes through this module; evaluation and export
 read checkpoints through it too (`find_checkpoint`, `load_checkpoint`,
@@ -25,7 +28,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.storage import write_text_atomic
+from pipeline.storage import UnsafePath, path_under, write_text_atomic
+from pipeline.storage.local import fsync_dir
 from pipeline.train.drafts.spec import DraftSpec
 
 CHECKPOINTS = "checkpoints"
@@ -85,13 +89,30 @@ def save_checkpoint(
     tmp = root / f".step-{step:08d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(state, tmp / STATE)
-    (tmp / SPEC).write_text(spec_json)
-    (tmp / CONFIG).write_text(config_yaml)
-    shutil.rmtree(final, ignore_errors=True)
+    with open(tmp / STATE, "wb") as fh:
+        torch.save(state, fh)
+        _sync(fh)
+    for name, text in ((SPEC, spec_json), (CONFIG, config_yaml)):
+        with open(tmp / name, "w") as fh:
+            fh.write(text)
+            _sync(fh)
+    fsync_dir(tmp)
+    # A directory of this step that `latest` does not name (a run that died
+    # before moving it) is moved aside, not deleted first: rename is atomic.
+    old = root / f".step-{step:08d}.old"
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
+    fsync_dir(root)
     write_text_atomic(root / LATEST, final.name)
+    shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _sync(fh) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
@@ -101,7 +122,10 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     pointer = Path(out_dir) / CHECKPOINTS / LATEST
     if not pointer.exists():
         return None
-    path = pointer.parent / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if "/" in name:  # one directory of checkpoints/, never a path elsewhere
+        raise UnsafePath(f"{pointer}: {name!r} is not a checkpoint directory name")
+    path = path_under(pointer.parent, name, str(pointer))
     if not (path / STATE).exists():
         raise FileNotFoundError(f"{pointer} names {path}, which has no {STATE}")
     return path

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from pipeline.shards.manifest import Dataset, Manifest
-from pipeline.shards.reader import TrainingSample, decode_rows, open_shard
+from pipeline.shards.reader import TrainingSample, decode_rows, open_shard, read_row_group
 from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
 from pipeline.train.config import TrainDataConfig
 from pipeline.train.drafts.common import DraftInputs
@@ -176,14 +176,16 @@ class TrainingData:
         domains = set(self.cfg.domains) if self.cfg.domains else None
         rows, heldout = [], []
         for s, entry in enumerate(self.manifest.shards):
+            dropped = frozenset(entry.dropped)  # rows this version tombstones: never trained on
             pf, _ = open_shard(self.dataset, entry)
+            url = self.dataset.shard_url(entry)
             with pf:
                 for g in range(pf.metadata.num_row_groups):
-                    keys = pf.read_row_group(g, columns=["sample_id", "domain"])
+                    keys = read_row_group(pf, g, url, ["sample_id", "domain"])
                     ids = keys.column("sample_id").to_pylist()
                     doms = keys.column("domain").to_pylist()
                     for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
-                        if domains is not None and dom not in domains:
+                        if sid in dropped or (domains is not None and dom not in domains):
                             continue
                         ref = RowRef(s, g, r, sid)
                         (heldout if is_heldout(sid, self.cfg.heldout_fraction) else rows).append(
@@ -246,7 +248,7 @@ class TrainingData:
         entry = self.manifest.shards[shard]
         pf, _ = open_shard(self.dataset, entry)
         with pf:
-            table = pf.read_row_group(group)
+            table = read_row_group(pf, group, self.dataset.shard_url(entry))
         self._cache = ((shard, group), table)
         return table
 

@@ -98,6 +98,7 @@ def train(
     """
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    config = pin_data_version(config)  # once, for every worker
     if config.num_workers > 1 or config.use_ray:
         from pipeline.train.distributed import train_on_ray
 
@@ -126,6 +127,47 @@ def train(
         result.export_dir = paths.draft
         result.dflash_dir = paths.dflash_backbone
     return result
+
+
+def pin_data_version(config: TrainConfig) -> TrainConfig:
+    """`config` with `data.version` fixed: the version the run's checkpoints were trained on
+    when it resumes, else the configured one, else the newest now.
+
+    Resolved once, before any worker starts, and recorded in every checkpoint's
+    config.yaml, so all workers and every resume read the same samples in the
+    same order even after a newer version is published. A config that names
+    another version or dataset than the checkpoints is refused.
+    """
+    from pipeline.shards.manifest import Dataset
+
+    data = config.data
+    version = data.version
+    path = latest_checkpoint(config.out_dir)
+    if path is not None:
+        recorded = load_checkpoint(path).train_config.get("data") or {}
+        pinned = recorded.get("version")
+        if pinned is None:
+            log.warning(
+                "%s records no dataset version (written before versions were pinned): "
+                "resuming on %s",
+                path,
+                "the newest version" if version is None else f"version {version}",
+            )
+        else:
+            then = Dataset.open(recorded["uri"], endpoint_url=recorded.get("endpoint_url")).uri
+            now = Dataset.open(data.uri, endpoint_url=data.endpoint_url).uri
+            if then != now or (version is not None and version != pinned):
+                raise ValueError(
+                    f"{path} was trained on {then} version {pinned}, but the config reads "
+                    f"{now} version {'newest' if version is None else version}: set "
+                    f"data.uri={then} and data.version={pinned} to resume, or use a new out_dir"
+                )
+            version = pinned
+    if version is None:
+        version = Dataset.open(data.uri, endpoint_url=data.endpoint_url).latest_version()
+    if version is None:
+        return config  # no committed version: TrainingData names the problem
+    return config.model_copy(update={"data": data.model_copy(update={"version": version})})
 
 
 def run_worker(
@@ -259,7 +301,13 @@ class Trainer:
             self.position = DataPosition(**state["position"][own])
             if self.rank == 0:
                 log.info(
-                    "resumed %s", kv(checkpoint=path, step=self.step, epoch=self.position.epoch)
+                    "resumed %s",
+                    kv(
+                        checkpoint=path,
+                        step=self.step,
+                        epoch=self.position.epoch,
+                        data_version=self.data.manifest.version,
+                    ),
                 )
         if self.rank == 0:
             self.metrics.truncate(self.step)
