@@ -81,14 +81,24 @@ def regenerate(config_path: Path, overrides: tuple[str, ...], summary_json: Path
 @cli.command()
 @CONFIG_OPTION
 @SET_OPTION
-def train(config_path: Path, overrides: tuple[str, ...]) -> None:
-    """Train a DSpark draft from committed shards and export it for vLLM."""
+@click.option(
+    "--follow", is_flag=True, help="Start while a regeneration still commits; read new versions."
+)
+def train(config_path: Path, overrides: tuple[str, ...], follow: bool) -> None:
+    """Train a DSpark draft from committed shards and export it for vLLM.
+
+    With --follow, training starts while a regeneration still commits: epoch 0
+    picks up each new version as it lands (same as --set data.follow=true).
+    """
     from pipeline.config import parse_overrides
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import summary_lines
     from pipeline.train.trainer import train as run_train
 
-    result = run_train(load_train_config(config_path, overrides=parse_overrides(list(overrides))))
+    pairs = parse_overrides(list(overrides))
+    if follow:
+        pairs["data.follow"] = True
+    result = run_train(load_train_config(config_path, overrides=pairs))
     click.echo("\n".join(summary_lines(result)))
 
 

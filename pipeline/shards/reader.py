@@ -207,26 +207,8 @@ class ShardReader:
         digest = hashlib.sha256(entry.path.encode()).digest()
         return int.from_bytes(digest[:8], "big") % self.world_size == self.rank
 
-    def _writer_running(self) -> bool:
-        from pipeline.shards.lease import lease_holder
-
-        return lease_holder(self.dataset) is not None
-
     def _wait_for_first_version(self) -> int:
-        started = time.monotonic()
-        while True:
-            latest = self.dataset.latest_version()
-            if latest is not None:
-                return latest
-            timed_out = (
-                self.follow_timeout_s is not None
-                and time.monotonic() - started > self.follow_timeout_s
-            )
-            if timed_out or not self._writer_running():
-                raise DatasetError(
-                    f"{self.dataset.uri}: no committed version, and no writer is running"
-                )
-            time.sleep(self.poll_s)
+        return wait_for_first_version(self.dataset, self.poll_s, self.follow_timeout_s)
 
     @property
     def version(self) -> int:
@@ -271,30 +253,7 @@ class ShardReader:
             manifest = self.manifest = nxt
 
     def _next_version(self, current: Manifest) -> Manifest | None:
-        """The next newer version of the lineage; None when no more will come."""
-        idle = time.monotonic()
-        while True:
-            latest = self.dataset.latest_version()
-            if latest is not None and latest > current.version:
-                nxt = self.dataset.manifest(latest)
-                if nxt.lineage is not None and current.lineage is not None:
-                    if nxt.lineage.id != current.lineage.id:
-                        log.warning(
-                            "version %d starts a new lineage (%s): a follower of lineage %s stops",
-                            latest,
-                            nxt.lineage.id,
-                            current.lineage.id,
-                        )
-                        return None
-                return nxt
-            if not self._writer_running():
-                return None  # nobody is writing: nothing more will come
-            if (
-                self.follow_timeout_s is not None
-                and time.monotonic() - idle > self.follow_timeout_s
-            ):
-                return None
-            time.sleep(self.poll_s)
+        return next_version(self.dataset, current, self.poll_s, self.follow_timeout_s)
 
     def _verify_bytes(self, entry: ShardEntry) -> None:
         digest, size = hashlib.sha256(), 0
@@ -364,3 +323,62 @@ class ShardReader:
             return next(self._read_shard(entry, sample_id=sample_id))
         finally:
             self.domains = domains
+
+
+def _writer_running(dataset: Dataset) -> bool:
+    from pipeline.shards.lease import lease_holder
+
+    return lease_holder(dataset) is not None
+
+
+def wait_for_first_version(dataset: Dataset, poll_s: float, timeout_s: float | None) -> int:
+    """The newest committed version, waiting while a writer holds the lease and none is."""
+    started = time.monotonic()
+    while True:
+        latest = dataset.latest_version()
+        if latest is not None:
+            return latest
+        timed_out = timeout_s is not None and time.monotonic() - started > timeout_s
+        if timed_out or not _writer_running(dataset):
+            raise DatasetError(f"{dataset.uri}: no committed version, and no writer is running")
+        time.sleep(poll_s)
+
+
+def _next_kept(dataset: Dataset, after: int, latest: int) -> Manifest:
+    """The first version after `after` whose root is still there (gc may expire some)."""
+    for v in range(after + 1, latest):
+        try:
+            return dataset.manifest(v)
+        except DatasetError as err:
+            log.warning("a follower skips version %d: %s", v, err)
+    return dataset.manifest(latest)
+
+
+def next_version(
+    dataset: Dataset, current: Manifest, poll_s: float, timeout_s: float | None
+) -> Manifest | None:
+    """The version after `current` in its lineage, waiting while a writer holds the lease;
+    None when no more will come (no writer, `timeout_s` idle, or a new lineage).
+
+    Every version in turn, never a jump to the newest: a follower's order is then
+    a function of the commit history alone, the same live and on a replay."""
+    idle = time.monotonic()
+    while True:
+        latest = dataset.latest_version()
+        if latest is not None and latest > current.version:
+            nxt = _next_kept(dataset, current.version, latest)
+            if nxt.lineage is not None and current.lineage is not None:
+                if nxt.lineage.id != current.lineage.id:
+                    log.warning(
+                        "version %d starts a new lineage (%s): a follower of lineage %s stops",
+                        nxt.version,
+                        nxt.lineage.id,
+                        current.lineage.id,
+                    )
+                    return None
+            return nxt
+        if not _writer_running(dataset):
+            return None  # nobody is writing: nothing more will come
+        if timeout_s is not None and time.monotonic() - idle > timeout_s:
+            return None
+        time.sleep(poll_s)

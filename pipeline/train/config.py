@@ -200,6 +200,13 @@ class TrainDataConfig(ConfigModel):
     # (each rank reads all shards, decodes only its rows); shards: rank r reads
     # only shards r::world_size (for large clusters; batches depend on world size).
     split: Literal["samples", "shards"] = "samples"
+    # Start while a regeneration still commits: epoch 0 picks up each new version
+    # as it lands, until no writer holds the lease (`train --follow`; data.py).
+    follow: bool = False
+    # Seconds between looks for a new version while following.
+    follow_poll_s: float = Field(5.0, gt=0.0)
+    # End epoch 0 after this long without a new version (None: when the writer ends).
+    follow_timeout_s: float | None = Field(None, gt=0.0)
 
 
 class OptimConfig(ConfigModel):
@@ -290,6 +297,12 @@ class TrainConfig(ConfigModel):
                 f"micro_batch_size {self.micro_batch_size} does not divide a worker's share "
                 f"{share} of global_batch_size {self.global_batch_size} over "
                 f"{self.num_workers} worker(s): pick a divisor of {share}"
+            )
+        if self.data.follow and (self.num_workers > 1 or self.use_ray):
+            raise ValueError(
+                "data.follow trains in one process: several workers would each decide when "
+                "the followed stream ends (a writer starting in between splits them); train on "
+                "one worker, or on a finished version without follow"
             )
         if self.attention == "flex" and not self.use_gpu:
             raise ValueError(

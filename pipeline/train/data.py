@@ -26,24 +26,40 @@
 * **Packing**: samples share a row up to `max_row_tokens` context tokens; the
   attention mask keeps them apart (drafts/common.py: context_mask).
 * **Prefetch**: a background thread builds batches ahead.
+* **Follow** (`data.follow`, `train --follow`): training starts while the
+  regeneration still commits. Epoch 0 reads the start version's shards, then
+  each newer version's new shards as it lands (rows permuted per version),
+  until no writer holds the dataset's lease; later epochs read the version
+  epoch 0 ended on. The order is a function of the commit history alone, so
+  a resumed run replays it exactly; positions past epoch 0 name their version.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pipeline.shards.manifest import Dataset, Manifest
-from pipeline.shards.reader import TrainingSample, decode_rows, open_shard, read_row_group
+from pipeline.logs import kv
+from pipeline.shards.manifest import Dataset, Manifest, ShardEntry
+from pipeline.shards.reader import (
+    TrainingSample,
+    decode_rows,
+    next_version,
+    open_shard,
+    read_row_group,
+)
 from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
 from pipeline.train.config import TrainDataConfig
 from pipeline.train.drafts.common import DraftInputs
 from pipeline.train.drafts.spec import DraftSpec
+
+log = logging.getLogger(__name__)
 
 
 class DataMismatchError(ValueError):
@@ -54,11 +70,17 @@ class DataMismatchError(ValueError):
 class DataPosition:
     epoch: int
     consumed: int  # samples of this epoch's order already trained on (all ranks)
+    version: int | None = None  # following runs past epoch 0: the version read
+
+    def to_dict(self) -> dict:
+        """As checkpoints store it (no `version` key unless set: the layout of old runs)."""
+        out = {"epoch": self.epoch, "consumed": self.consumed}
+        return out if self.version is None else {**out, "version": self.version}
 
 
 @dataclass(frozen=True)
 class RowRef:
-    shard: int  # index into manifest.shards
+    shard: int  # index into TrainingData.entries (the manifest's shards, or those followed)
     row_group: int
     row: int  # row within the row group
     sample_id: str
@@ -117,11 +139,16 @@ class TrainingData:
     def __init__(self, cfg: TrainDataConfig) -> None:
         self.cfg = cfg
         self.dataset = Dataset.open(cfg.uri, endpoint_url=cfg.endpoint_url)
-        self.manifest: Manifest = self.dataset.manifest(cfg.version)
-        if not self.manifest.shards:
+        self.use_version(cfg.version)
+        if not self.manifest.shards and not cfg.follow:
             raise DataMismatchError(
                 f"{self.dataset.uri} version {self.manifest.version} has no shards"
             )
+
+    def use_version(self, version: int | None) -> None:
+        """Read `version` (None: the newest) from now on; indexes are rebuilt lazily."""
+        self.manifest: Manifest = self.dataset.manifest(version)
+        self.entries: list[ShardEntry] = list(self.manifest.shards)
         self._rows: list[RowRef] | None = None
         self._heldout: list[RowRef] | None = None
         self._cache: tuple[tuple[int, int], object] | None = None
@@ -173,25 +200,63 @@ class TrainingData:
     # ------------------------------------------------------------------ planning
 
     def _index(self) -> None:
-        domains = set(self.cfg.domains) if self.cfg.domains else None
         rows, heldout = [], []
-        for s, entry in enumerate(self.manifest.shards):
-            dropped = frozenset(entry.dropped)  # rows this version tombstones: never trained on
-            pf, _ = open_shard(self.dataset, entry)
-            url = self.dataset.shard_url(entry)
-            with pf:
-                for g in range(pf.metadata.num_row_groups):
-                    keys = read_row_group(pf, g, url, ["sample_id", "domain"])
-                    ids = keys.column("sample_id").to_pylist()
-                    doms = keys.column("domain").to_pylist()
-                    for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
-                        if sid in dropped or (domains is not None and dom not in domains):
-                            continue
-                        ref = RowRef(s, g, r, sid)
-                        (heldout if is_heldout(sid, self.cfg.heldout_fraction) else rows).append(
-                            ref
-                        )
+        for s in range(len(self.entries)):
+            groups, held = self._shard_rows(s)
+            rows.extend(ref for group in groups for ref in group)
+            heldout.extend(held)
         self._rows, self._heldout = rows, heldout
+
+    def _shard_rows(self, s: int) -> tuple[list[list[RowRef]], list[RowRef]]:
+        """Shard `s`'s training rows (one list per row group) and held-out rows; rows
+        its version tombstones and other domains are left out (only ids are read)."""
+        entry = self.entries[s]
+        domains = set(self.cfg.domains) if self.cfg.domains else None
+        dropped = frozenset(entry.dropped)  # rows this version tombstones: never trained on
+        groups: list[list[RowRef]] = []
+        heldout: list[RowRef] = []
+        pf, _ = open_shard(self.dataset, entry)
+        url = self.dataset.shard_url(entry)
+        with pf:
+            for g in range(pf.metadata.num_row_groups):
+                keys = read_row_group(pf, g, url, ["sample_id", "domain"])
+                ids = keys.column("sample_id").to_pylist()
+                doms = keys.column("domain").to_pylist()
+                group = []
+                for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
+                    if sid in dropped or (domains is not None and dom not in domains):
+                        continue
+                    ref = RowRef(s, g, r, sid)
+                    (heldout if is_heldout(sid, self.cfg.heldout_fraction) else group).append(ref)
+                groups.append(group)
+        return groups, heldout
+
+    def follow_order(self, seed: int) -> Iterator[list[RowRef]]:
+        """Epoch 0 of a following run: the rows of the start version's shards, then of
+        each newer version's new shards as it lands, until no writer holds the lease.
+        Per version the new shards are permuted, and the rows inside each row group."""
+        manifest = self.manifest
+        self.entries, seen = [], set()
+        while manifest is not None:
+            self.manifest = manifest
+            fresh = [e for e in manifest.shards if e.path not in seen]
+            seen.update(e.path for e in fresh)
+            first = len(self.entries)
+            self.entries.extend(fresh)
+            per_shard = [self._shard_rows(first + k)[0] for k in range(len(fresh))]
+            rng = np.random.default_rng(_seed(seed, "follow", manifest.version))
+            order: list[RowRef] = []
+            for k in rng.permutation(len(fresh)).tolist():
+                for refs in per_shard[k]:
+                    order.extend(refs[i] for i in rng.permutation(len(refs)))
+            log.info(
+                "following %s",
+                kv(dataset=self.dataset.uri, version=manifest.version, new_samples=len(order)),
+            )
+            yield order
+            manifest = next_version(
+                self.dataset, manifest, self.cfg.follow_poll_s, self.cfg.follow_timeout_s
+            )
 
     @property
     def train_rows(self) -> list[RowRef]:
@@ -232,7 +297,7 @@ class TrainingData:
             while j < len(refs) and (refs[j].shard, refs[j].row_group) == key:
                 j += 1
             table = self._row_group(*key)
-            entry = self.manifest.shards[key[0]]
+            entry = self.entries[key[0]]
             out.extend(
                 truncate(s, self.cfg.max_seq_len)
                 for s in decode_rows(
@@ -245,7 +310,7 @@ class TrainingData:
     def _row_group(self, shard: int, group: int):
         if self._cache is not None and self._cache[0] == (shard, group):
             return self._cache[1]
-        entry = self.manifest.shards[shard]
+        entry = self.entries[shard]
         pf, _ = open_shard(self.dataset, entry)
         with pf:
             table = read_row_group(pf, group, self.dataset.shard_url(entry))
@@ -381,9 +446,44 @@ def iter_batches(
     pairs from `start` on; `micro_batch_size` samples each (None: one micro-batch)."""
     cfg = data.cfg
     by_shards = cfg.split == "shards"
-    local_shards = set(range(rank, len(data.manifest.shards), world_size)) if by_shards else None
     per_step = global_batch_size // world_size if by_shards else global_batch_size
+    size = micro_batch_size
+
+    def step(chunk: list[RowRef], epoch: int) -> list[TrainBatch]:
+        mine = chunk if by_shards else chunk[rank::world_size]
+        samples = data.decode(mine)
+        anchors = sample_anchors(samples, num_anchors=cfg.num_anchors, seed=seed, epoch=epoch)
+        n = size or len(samples)
+        return [
+            pack(
+                samples[j : j + n], anchors[j : j + n], spec=spec, max_row_tokens=cfg.max_row_tokens
+            )
+            for j in range(0, len(samples), n)
+        ]
+
     epoch, consumed = start.epoch, start.consumed
+    if cfg.follow and epoch == 0:
+        pending: list[RowRef] = []
+        done = 0  # samples of epoch 0 in the steps so far
+        for refs in data.follow_order(seed):
+            pending.extend(refs)
+            while len(pending) >= per_step:
+                chunk, pending = pending[:per_step], pending[per_step:]
+                done += per_step
+                if done > consumed:  # a resumed run replays the history up to its position
+                    yield step(chunk, 0), DataPosition(0, done)
+        if done == 0:
+            raise ValueError(
+                f"{data.where}: the followed versions hold {len(pending)} training samples, "
+                f"which cannot fill one batch of {per_step}: lower global_batch_size or add data"
+            )
+        log.info("epoch 0 followed to its end %s", kv(version=data.manifest.version, samples=done))
+        data.use_version(data.manifest.version)  # later epochs: the version epoch 0 ended on
+        epoch, consumed = 1, 0
+    elif start.version is not None and start.version != data.manifest.version:
+        data.use_version(start.version)
+    version = data.manifest.version if cfg.follow else None
+    local_shards = set(range(rank, len(data.entries), world_size)) if by_shards else None
     while True:
         order = data.epoch_order(epoch, seed, local_shards)
         num_batches = len(order) // per_step
@@ -394,20 +494,7 @@ def iter_batches(
             )
         for i in range(consumed // per_step, num_batches):
             chunk = order[i * per_step : (i + 1) * per_step]
-            mine = chunk if by_shards else chunk[rank::world_size]
-            samples = data.decode(mine)
-            anchors = sample_anchors(samples, num_anchors=cfg.num_anchors, seed=seed, epoch=epoch)
-            size = micro_batch_size or len(samples)
-            micro = [
-                pack(
-                    samples[j : j + size],
-                    anchors[j : j + size],
-                    spec=spec,
-                    max_row_tokens=cfg.max_row_tokens,
-                )
-                for j in range(0, len(samples), size)
-            ]
-            yield micro, DataPosition(epoch, (i + 1) * per_step)
+            yield step(chunk, epoch), DataPosition(epoch, (i + 1) * per_step, version)
         epoch, consumed = epoch + 1, 0
 
 

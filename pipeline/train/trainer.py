@@ -136,7 +136,9 @@ def pin_data_version(config: TrainConfig) -> TrainConfig:
     Resolved once, before any worker starts, and recorded in every checkpoint's
     config.yaml, so all workers and every resume read the same samples in the
     same order even after a newer version is published. A config that names
-    another version or dataset than the checkpoints is refused.
+    another version or dataset than the checkpoints is refused. A following run
+    (`data.follow`) pins the version it starts on, waiting for a first one while
+    a writer holds the lease; its epoch 0 replays the history from there.
     """
     from pipeline.shards.manifest import Dataset
 
@@ -163,6 +165,11 @@ def pin_data_version(config: TrainConfig) -> TrainConfig:
                     f"data.uri={then} and data.version={pinned} to resume, or use a new out_dir"
                 )
             version = pinned
+    if version is None and data.follow:
+        from pipeline.shards.reader import wait_for_first_version
+
+        dataset = Dataset.open(data.uri, endpoint_url=data.endpoint_url)
+        version = wait_for_first_version(dataset, data.follow_poll_s, data.follow_timeout_s)
     if version is None:
         version = Dataset.open(data.uri, endpoint_url=data.endpoint_url).latest_version()
     if version is None:
@@ -441,10 +448,10 @@ class Trainer:
 
         from pipeline.train.distributed import model_state, optimizer_state
 
-        positions = [self.position.__dict__]
+        positions = [self.position.to_dict()]
         if self.distributed and self.config.data.split == "shards":
             positions = [None] * self.world
-            dist.all_gather_object(positions, self.position.__dict__)
+            dist.all_gather_object(positions, self.position.to_dict())
         model = model_state(self.objective, self.strategy)
         optim = optimizer_state(self.objective, self.optimizer, self.strategy)
         if self.rank == 0:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from reliability import record
 
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.ingest import load_corpus
@@ -316,6 +317,25 @@ def test_every_bad_input_is_its_own_named_record_and_the_run_completes(damaged_c
     assert corpus.stats.errors_by_reason["not_an_object"] == 4
     assert {c.domain for c in corpus.conversations if c.source == "jsonl"} == {"mixed"}
     assert {c.domain for c in corpus.conversations if c.source == "parquet"} == {"unknown"}
+
+    for reason in sorted({r for _, _, r in expected}):
+        where = sorted({f for f, _, r in expected if r == reason})
+        record(
+            "bad-input",
+            reason,
+            inputs_tried=sum(r == reason for _, _, r in expected),
+            error_records=corpus.stats.errors_by_reason[reason],
+            files=", ".join(where),
+        )
+    record(
+        "bad-input",
+        "all sources together",
+        inputs_tried=len(expected),
+        error_records=len(corpus.errors),
+        good_rows_kept=len(good),
+        good_rows_lost=sum(prompt not in firsts for prompt in good),
+        result="completed",
+    )
 
 
 def test_a_row_that_raises_anything_becomes_an_unexpected_error_record(tmp_path, monkeypatch):
