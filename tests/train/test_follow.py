@@ -115,7 +115,9 @@ def test_training_follows_a_regeneration_and_a_replay_trains_the_same_batches(
 
     # A replay from the same start after the writer ended, cut in epoch 1 and resumed
     # through the CLI: the same batches, so the same losses, step by step.
-    cut = train(_config(uri, tmp_path / "replay", version=start), stop_after=STEPS - 1, export=False)
+    cut = train(
+        _config(uri, tmp_path / "replay", version=start), stop_after=STEPS - 1, export=False
+    )
     assert cut.steps == STEPS - 1
     state = load_checkpoint(latest_checkpoint(tmp_path / "replay")).state()
     assert state["position"][0]["epoch"] == 1 and state["position"][0]["version"] == final
