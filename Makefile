@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench lint constraints clean
+.PHONY: setup demo test chaos bench lint constraints clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The chaos and bad-input suites with their figures recorded into docs/RELIABILITY.md.
+chaos: $(STAMP)
+	$(PY) bench/reliability.py
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
