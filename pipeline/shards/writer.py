@@ -294,7 +294,7 @@ class ShardWriter:
             provenance=self.provenance,
             samples=tuple(self._samples),
         )
-        log.info(
+        log.debug(  # one per unit: the commit and progress lines say it at INFO
             "shard written path=%s rows=%d tokens=%d bytes=%d codec=%s",
             self.storage.url(self.key),
             self.info.rows,
