@@ -91,7 +91,7 @@ def _batch(spec, seq_len: int, device):
     import torch
 
     from pipeline.shards.reader import TrainingSample
-    from pipeline.train.data import pack
+    from pipeline.train.packing import pack
 
     g = torch.Generator().manual_seed(0)
     h, k = spec.target_hidden_size, len(spec.aux_layer_ids)

@@ -24,8 +24,8 @@ from pipeline.storage import write_text_atomic
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.train.data import TrainBatch
     from pipeline.train.loss import LossParts
+    from pipeline.train.packing import TrainBatch
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

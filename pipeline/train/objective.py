@@ -20,7 +20,7 @@ from torch import nn
 from pipeline.train.loss import LossParts, chunked_draft_loss
 
 if TYPE_CHECKING:
-    from pipeline.train.data import TrainBatch
+    from pipeline.train.packing import TrainBatch
 
 
 class DraftObjective(nn.Module):

@@ -69,7 +69,7 @@ from pipeline.train.metrics import (
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.train.data import TrainBatch
+    from pipeline.train.packing import TrainBatch
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from pipeline.train.data import (
     TrainingData,
     is_heldout,
     iter_batches,
-    sample_anchors,
 )
+from pipeline.train.packing import sample_anchors
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_micro_batches_split_the_step_into_the_same_blocks(data, spec):
 
 
 def test_long_samples_are_truncated_before_anchors_are_drawn(toy_shards, spec):
-    from pipeline.train.data import truncate
+    from pipeline.train.packing import truncate
 
     cfg = TrainDataConfig(uri=str(toy_shards), num_anchors=8, heldout_fraction=0.1, max_seq_len=40)
     short = TrainingData(cfg)

@@ -1,6 +1,6 @@
 """What every draft kind shares: its inputs and outputs, Qwen3 building blocks, the target head.
 
-`DraftInputs` is one packed batch as a draft sees it (pipeline/train/data.py
+`DraftInputs` is one packed batch as a draft sees it (pipeline/train/packing.py
 packs it, the evaluators build it per sample); `DraftOutput` is what a
 draft's forward returns. `Attention` holds the Qwen3 projections (q/k norms,
 RoPE with the target's scaling, GQA) and the DSpark block attention; EAGLE-3
