@@ -369,7 +369,9 @@ class _Profiler:
 
 
 SHARES = {
-    # label: substrings of a stack that put a sample there (first match wins)
+    # label: substrings of a frame that put a sample there; the frame nearest the leaf
+    # decides (the target's forward runs inside the capture worker's wrapper, so a
+    # root-first match would count every forward as capture)
     "engine spin-wait (vLLM shm broadcast, sched_yield)": ("sched_yield", "SpinCondition"),
     "capture (worker gather + spool write)": (
         "capture_worker.py",
@@ -380,11 +382,20 @@ SHARES = {
     "contract tensors + final norm": ("_to_captured", "join_parts"),
     "encoding (codecs)": ("codecs.py",),
     "shard writing (Parquet, hash, storage)": ("shards/writer.py", "pyarrow", "storage/"),
-    "target forward": ("_model_forward", "qwen3.py", "qwen2.py"),
+    "target forward": ("qwen3.py", "qwen2.py", "model_executor/", "attention/backends"),
     "engine: scheduler, sampler, outputs": ("vllm/",),
     "feeder and unit jobs (render, decode, samples)": ("regenerate/", "render.py"),
     "Ray": ("ray/",),
 }
+
+
+def _share(frames: list[str]) -> str:
+    """The label of the leaf-most frame any label's substrings match ("other" if none)."""
+    for frame in reversed(frames):
+        for label, needles in SHARES.items():
+            if any(needle in frame for needle in needles):
+                return label
+    return "other"
 
 
 def summarise_profile(path: Path) -> dict[str, float]:
@@ -397,12 +408,7 @@ def summarise_profile(path: Path) -> dict[str, float]:
             continue
         n = int(count)
         total += n
-        for label, needles in SHARES.items():
-            if any(needle in stack for needle in needles):
-                counts[label] += n
-                break
-        else:
-            counts["other"] += n
+        counts[_share(stack.split(";"))] += n
     return {k: round(100 * v / max(total, 1), 1) for k, v in counts.items()}
 
 
