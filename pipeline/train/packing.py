@@ -169,7 +169,7 @@ def sample_anchors(
 ) -> list[torch.Tensor]:
     out = []
     for s in samples:
-        gen = torch.Generator().manualderived_seed(
+        gen = torch.Generator().manual_seed(
             derived_seed(seed, "anchors", epoch, s.sample_id)
         )
         out.append(choose_anchors(s.loss_mask, num_anchors, gen))
