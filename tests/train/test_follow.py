@@ -89,9 +89,11 @@ def test_training_follows_a_regeneration_and_a_replay_trains_the_same_batches(
     while lease_holder(ds) is None and ds.latest_version() is None:
         assert runner.is_alive() and time.monotonic() < deadline
         time.sleep(0.02)
-    with caplog.at_level(logging.INFO, logger="pipeline.train.data"):
-        live = train(_config(uri, tmp_path / "live"), export=False)
-    runner.join(timeout=300)
+    try:
+        with caplog.at_level(logging.INFO, logger="pipeline.train.data"):
+            live = train(_config(uri, tmp_path / "live"), export=False)
+    finally:
+        runner.join(timeout=300)  # never leave the regeneration running past the test
     final = outcome["summary"].version
     assert final == NUM_UNITS  # one version per unit
 
