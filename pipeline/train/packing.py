@@ -169,8 +169,6 @@ def sample_anchors(
 ) -> list[torch.Tensor]:
     out = []
     for s in samples:
-        gen = torch.Generator().manual_seed(
-            derived_seed(seed, "anchors", epoch, s.sample_id)
-        )
+        gen = torch.Generator().manual_seed(derived_seed(seed, "anchors", epoch, s.sample_id))
         out.append(choose_anchors(s.loss_mask, num_anchors, gen))
     return out
