@@ -32,6 +32,8 @@ configuration in a fresh process so its peak is its own:
 
 Results (CPU mode) merge into bench/results.json (keys `train_memory_*`) and a
 section of bench/RESULTS.md between train_memory markers.
+One script on purpose (over 400 lines): the sweep, the per-configuration child
+process, the model of the peak and the records read best side by side.
 """
 
 from __future__ import annotations

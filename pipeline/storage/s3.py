@@ -22,6 +22,8 @@ Streams retry like every other call (`RetryPolicy`, transient errors only):
   (data files never change, so that is damage, not a retry).
 
 Credentials and endpoints: see the package docstring (`pipeline/storage/__init__.py`).
+(Over 400 lines: the upload, the resuming read and their retry recognition share
+the client and its error mapping; split apart they would import each other.)
 """
 
 from __future__ import annotations
