@@ -20,7 +20,11 @@ conversations, engine starts excluded from every rate (reported apart):
     each round's tail: with a round barrier (a) was slower than (c) on the
     large toy (1,422 against 1,522 tok/s), a ratio past the physical limit,
     so the barrier-free loop is the baseline; `--rounds-baseline` still
-    measures the rounds on the trained toy, reported apart;
+    measures the rounds on the trained toy, reported apart; and
+    `--inprocess-baseline` measures (a) with vLLM's engine core and worker
+    in the bench's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), faster
+    on this 2-core machine for the small toy (no spin-waiting processes),
+    reported apart with (c) over it;
 (b) the field's two-pass flow: (a), then a capture engine prefills prompt +
     answer of every sample in one call (max_tokens 1, prefix caching off) and
     one safetensors file per sample is written (raw bf16);
@@ -235,6 +239,46 @@ def second_pass(capture, answers: dict, out_dir: Path) -> float:
         )
     os.sync()
     return time.perf_counter() - started
+
+
+def plain_inprocess(config, conversations) -> dict:
+    """(a) again with the engine core and its worker in this process (no multiprocessing).
+
+    vLLM's CPU default runs the engine core and the model worker as two more
+    processes that spin-wait on each other (shm broadcast, sched_yield); on
+    2 cores the spinning takes CPU the forward could use, so a plain engine
+    in one process is faster here on a small model. A user tuning the
+    baseline would find that, so it is measured and reported beside (a).
+    """
+    from transformers import AutoTokenizer
+    from vllm import LLM
+
+    from pipeline.targets.resolve import resolve_model
+    from pipeline.targets.vllm_backend import engine_kwargs
+
+    model_dir = resolve_model(config.target.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    kwargs = engine_kwargs(config.target, model_dir)
+    kwargs["enable_prefix_caching"] = False
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is built
+    try:
+        t0 = time.perf_counter()
+        llm = LLM(**kwargs)
+        start = time.perf_counter() - t0
+        _, seconds, _, generated = plain_fed(llm, tokenizer, config, conversations)
+        del llm
+        _free()
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+    return {
+        "a_inproc_s": seconds,
+        "a_inproc_tok_s": generated / seconds,
+        "a_inproc_engine_start_s": start,
+    }
 
 
 def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
@@ -469,6 +513,8 @@ def run_target(name: str, args, log: list[str]) -> dict:
                             with_rounds=name in args.rounds_baseline.split(","),
                         )
                     )
+                    if name in args.inprocess_baseline.split(","):
+                        r.update(plain_inprocess(config, conversations))
                 else:
                     cfg = bench_config(name, args.conversations, work / f"r{round_}-dataset")
                     profile = work / "profile.txt" if args.profile and round_ == 0 else None
@@ -528,6 +574,11 @@ def run_target(name: str, args, log: list[str]) -> dict:
             r["c_over_a_rounds"] = round(r["c_tok_s"] / r["a_rounds_tok_s"], 3)
         out["a_rounds_tok_s"] = med("a_rounds_tok_s")
         out["c_over_a_rounds"] = med("c_over_a_rounds")
+    if "a_inproc_tok_s" in rounds[0]:
+        for r in rounds:
+            r["c_over_a_inproc"] = round(r["c_tok_s"] / r["a_inproc_tok_s"], 3)
+        out["a_inproc_tok_s"] = med("a_inproc_tok_s")
+        out["c_over_a_inproc"] = med("c_over_a_inproc")
     if profile_shares:
         out["profile_c_percent"] = profile_shares
     return out
@@ -560,6 +611,13 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
             f"{r['c_peak_capture_mb']['median']:.0f} |"
         )
     for name, r in results.items():
+        if "a_inproc_tok_s" in r:
+            lines += [
+                "",
+                f"{name}: plain vLLM fed the same way with its engine core and worker in one "
+                f"process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) {fmt(r['a_inproc_tok_s'])} tok/s; "
+                f"(c) over it {fmt(r['c_over_a_inproc'], 3)}.",
+            ]
         if "a_rounds_tok_s" in r:
             lines += [
                 "",
@@ -599,6 +657,11 @@ def main() -> None:
         help="targets on which (a) is also run as turn rounds of LLM.generate (reported apart)",
     )
     p.add_argument(
+        "--inprocess-baseline",
+        default="trained",
+        help="targets on which (a) is also run with vLLM in one process (reported apart)",
+    )
+    p.add_argument(
         "--keep-profile", type=Path, default=None, help="copy the raw py-spy output here"
     )
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
@@ -635,7 +698,9 @@ def record(results: dict, codec: dict, args, load: float) -> None:
     flat.update({f"regen_codec_{k}": round(v, 1) for k, v in codec.items()})
     for name, r in results.items():
         prefix = "regen_" if name == "large" else f"regen_{name}_"
-        for key in ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2"):
+        keys = ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2")
+        extra = ("a_rounds_tok_s", "c_over_a_rounds", "a_inproc_tok_s", "c_over_a_inproc")
+        for key in keys + tuple(k for k in extra if k in r):
             flat[f"{prefix}{key}"] = round(r[key]["median"], 3)
             flat[f"{prefix}{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]
         if name == "large":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -40,6 +41,7 @@ class RegenerateReplica:
 
         setup_logging()
         quiet_engine_output()
+        sys.setswitchinterval(regenerate.gil_switch_interval_ms / 1000)  # see the config key
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started

@@ -36,6 +36,7 @@ seed 0, T=2048 x H=4096, bf16) on one core:
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -54,9 +55,17 @@ _ZSTD_PARAMS = dict(
 )
 
 
+_LOCAL = threading.local()
+
+
 def _compressor() -> zstandard.ZstdCompressor:
-    params = zstandard.ZstdCompressionParameters(strategy=1, **_ZSTD_PARAMS)  # 1 = fast
-    return zstandard.ZstdCompressor(compression_params=params)
+    """This thread's compressor (one per thread: a compressor is not thread-safe, and
+    building one per frame costs as much as compressing a short sample's frame)."""
+    compressor = getattr(_LOCAL, "compressor", None)
+    if compressor is None:
+        params = zstandard.ZstdCompressionParameters(strategy=1, **_ZSTD_PARAMS)  # 1 = fast
+        compressor = _LOCAL.compressor = zstandard.ZstdCompressor(compression_params=params)
+    return compressor
 
 
 class CodecError(ValueError):

@@ -272,18 +272,28 @@ class VLLMTarget:
         hidden = torch.empty(num_tokens, k * width, dtype=self.dtype)
         hidden[fed:] = 0
         streams = hidden[:fed].view(fed, k, width)
-        final = torch.empty(fed, width, dtype=self.dtype)
-        written = torch.zeros(fed, dtype=torch.bool)
-        for start, rows in parts:
-            stop = min(start + rows.shape[0], fed)
-            if stop <= start:
-                continue  # a throw-away draft row past the last fed token
-            streams[start:stop] = rows[: stop - start, :k]
-            final[start:stop] = rows[: stop - start, k]
-            written[start:stop] = True
-        if not bool(written.all()):
-            missing = (~written).nonzero().flatten()[:8].tolist()
-            raise RuntimeError(f"capture {gen.request_id!r}: positions never written: {missing}")
+        tiled = _tiled(parts, fed)
+        if tiled is not None:
+            # The common case (no preemption, no rewrite): the pieces cover 0..fed
+            # in order, so one concatenation replaces a copy per engine step.
+            rows = torch.cat(tiled)
+            streams.copy_(rows[:, :k])
+            final = rows[:, k]
+        else:
+            final = torch.empty(fed, width, dtype=self.dtype)
+            written = torch.zeros(fed, dtype=torch.bool)
+            for start, rows in parts:
+                stop = min(start + rows.shape[0], fed)
+                if stop <= start:
+                    continue  # a throw-away draft row past the last fed token
+                streams[start:stop] = rows[: stop - start, :k]
+                final[start:stop] = rows[: stop - start, k]
+                written[start:stop] = True
+            if not bool(written.all()):
+                missing = (~written).nonzero().flatten()[:8].tolist()
+                raise RuntimeError(
+                    f"capture {gen.request_id!r}: positions never written: {missing}"
+                )
         last = torch.empty(num_tokens, width, dtype=self.dtype)
         last[fed:] = 0
         last[:fed] = rms_norm(final, self.norm_weight, self.norm_eps)
@@ -298,6 +308,26 @@ class VLLMTarget:
         gc.collect()
         if self.capture:
             self._cleanup()
+
+
+def _tiled(parts, fed: int):
+    """The pieces' rows for positions 0..fed, if they tile them in order exactly once (else None).
+
+    Rows past `fed` (a throw-away draft row) are cut; any gap, overlap or
+    out-of-order piece returns None and the caller takes the general path.
+    """
+    out, at = [], 0
+    for start, rows in parts:
+        if at >= fed:
+            if start < fed:
+                return None  # a later piece rewrites a position
+            continue
+        if start != at:
+            return None
+        n = min(rows.shape[0], fed - at)
+        out.append(rows[:n] if n < rows.shape[0] else rows)
+        at += n
+    return out if at == fed else None
 
 
 def _export_package_path() -> None:
