@@ -1,9 +1,12 @@
 """Regeneration throughput on a realistic corpus: plain vLLM, the two-pass flow, `run_regenerate`.
 
     .venv/bin/python bench/regenerate.py [--targets trained,large] [--rounds 3]
-        [--conversations 1000] [--profile] [--no-write]
+        [--conversations trained=4000,large=1000] [--profile] [--no-write]
 
-Workload (what a user has): synthetic conversations of a held-out seed with
+Workload (what a user has): synthetic conversations of a held-out seed (at
+least 1,000; 4,000 on the trained toy, whose plain engine does 1,000 in ~4 s,
+too short a run for a steady-state rate: engine warm-up and the final commit
+would be a large share of it) with
 their natural lengths, about 30% multi-turn, every assistant turn
 regenerated (`turns: all`, turn j conditioned on the regenerated turn j-1),
 greedy, EOS honoured, the default config (`pipeline/demo/configs/toy.yaml`:
@@ -241,44 +244,51 @@ def second_pass(capture, answers: dict, out_dir: Path) -> float:
     return time.perf_counter() - started
 
 
-def plain_inprocess(config, conversations) -> dict:
-    """(a) again with the engine core and its worker in this process (no multiprocessing).
+def plain_inprocess(name: str, conversations: int) -> dict:
+    """(a) again with the engine core and its worker in one process (no multiprocessing).
 
     vLLM's CPU default runs the engine core and the model worker as two more
     processes that spin-wait on each other (shm broadcast, sched_yield); on
     2 cores the spinning takes CPU the forward could use, so a plain engine
     in one process is faster here on a small model. A user tuning the
-    baseline would find that, so it is measured and reported beside (a).
+    baseline would find that, so it is measured and reported beside (a). It
+    runs in a child process: an in-process CPU worker binds its thread to a
+    core, which every later engine this process spawned would inherit.
     """
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    cmd = [sys.executable, __file__, "--inprocess-child", f"{name}={conversations}"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("INPROCESS ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"in-process baseline failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1].removeprefix("INPROCESS "))
+
+
+def _inprocess_child(spec: str) -> None:
     from transformers import AutoTokenizer
     from vllm import LLM
 
+    from pipeline.corpus.ingest import load_corpus
     from pipeline.targets.resolve import resolve_model
     from pipeline.targets.vllm_backend import engine_kwargs
 
+    name, _, count = spec.partition("=")
+    config = bench_config(name, int(count), Path(tempfile.gettempdir()) / "unused")
+    conversations = load_corpus(config.corpus).conversations
     model_dir = resolve_model(config.target.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     kwargs = engine_kwargs(config.target, model_dir)
     kwargs["enable_prefix_caching"] = False
-    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is built
-    try:
-        t0 = time.perf_counter()
-        llm = LLM(**kwargs)
-        start = time.perf_counter() - t0
-        _, seconds, _, generated = plain_fed(llm, tokenizer, config, conversations)
-        del llm
-        _free()
-    finally:
-        if before is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
-    return {
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    start = time.perf_counter() - t0
+    _, seconds, _, generated = plain_fed(llm, tokenizer, config, conversations)
+    out = {
         "a_inproc_s": seconds,
         "a_inproc_tok_s": generated / seconds,
         "a_inproc_engine_start_s": start,
     }
+    print("INPROCESS " + json.dumps(out), flush=True)
 
 
 def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
@@ -487,6 +497,17 @@ def encode_rates(tokens: int = 512, hidden: int = 7168, states: int = 6) -> dict
 # --------------------------------------------------------------------------- driver
 
 
+def conversations_for(args, name: str) -> int:
+    """`--conversations N` for every target, or `name=N,name=N` per target."""
+    spec = str(args.conversations)
+    if "=" not in spec:
+        return int(spec)
+    counts = dict(part.split("=", 1) for part in spec.split(","))
+    if name not in counts:
+        raise SystemExit(f"--conversations {spec!r} names no count for target {name!r}")
+    return int(counts[name])
+
+
 def run_target(name: str, args, log: list[str]) -> dict:
     from pipeline.corpus.ingest import load_corpus
     from pipeline.regenerate.pool import init_ray
@@ -497,7 +518,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
     rounds = []
     profile_shares = None
     try:
-        config = bench_config(name, args.conversations, work / "unused")
+        config = bench_config(name, conversations_for(args, name), work / "unused")
         conversations = load_corpus(config.corpus).conversations
         init_ray(config.ray)
         for round_ in range(args.rounds):
@@ -514,9 +535,11 @@ def run_target(name: str, args, log: list[str]) -> dict:
                         )
                     )
                     if name in args.inprocess_baseline.split(","):
-                        r.update(plain_inprocess(config, conversations))
+                        r.update(plain_inprocess(name, conversations_for(args, name)))
                 else:
-                    cfg = bench_config(name, args.conversations, work / f"r{round_}-dataset")
+                    cfg = bench_config(
+                        name, conversations_for(args, name), work / f"r{round_}-dataset"
+                    )
                     profile = work / "profile.txt" if args.profile and round_ == 0 else None
                     r.update(run_c(cfg, profile))
                     if profile and profile.exists():
@@ -592,7 +615,7 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
         "# Regeneration benchmark (bench/regenerate.py)",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f} at "
-        f"start. vLLM CPU, {args.conversations} synthetic conversations (seed {CORPUS_SEED}, "
+        f"start. vLLM CPU, synthetic conversations ({args.conversations}; seed {CORPUS_SEED}, "
         "~30% multi-turn, `turns: all`), natural lengths, EOS honoured, greedy, the default "
         f"config (pipeline/demo/configs/toy.yaml); {args.rounds} alternating rounds; medians "
         "with [min-max] over rounds; engine starts excluded from rates.",
@@ -649,7 +672,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default="trained,large")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--conversations", type=int, default=1000)
+    p.add_argument(
+        "--conversations",
+        default="trained=4000,large=1000",
+        help="N, or per target: name=N,name=N (the trained toy's plain engine does 1,000 "
+        "conversations in ~4 s, too short for a steady-state rate)",
+    )
     p.add_argument("--profile", action="store_true")
     p.add_argument(
         "--rounds-baseline",
@@ -665,7 +693,11 @@ def main() -> None:
         "--keep-profile", type=Path, default=None, help="copy the raw py-spy output here"
     )
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
+    p.add_argument("--inprocess-child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.inprocess_child:
+        _inprocess_child(args.inprocess_child)
+        return
     from pipeline.logs import setup_logging
 
     setup_logging()
