@@ -69,8 +69,8 @@ def test_resumed_run_reproduces_the_uninterrupted_curve(toy_shards, tmp_path):
     for (ws, wl, wn), (gs, gl, gn) in zip(want, got, strict=True):
         assert ws == gs and wn == gn
         assert gl == pytest.approx(wl, rel=1e-6, abs=1e-7), (ws, wl, gl)
-    a = torch.load(latest_checkpoint(tmp_path / "whole") / "state.pt", weights_only=False)
-    b = torch.load(latest_checkpoint(tmp_path / "cut") / "state.pt", weights_only=False)
+    a = torch.load(latest_checkpoint(tmp_path / "whole") / "state.pt", weights_only=True)
+    b = torch.load(latest_checkpoint(tmp_path / "cut") / "state.pt", weights_only=True)
     assert a["position"] == b["position"]
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, atol=1e-6, rtol=1e-6)
@@ -85,8 +85,8 @@ def test_two_ray_workers_equal_one_worker(toy_shards, tmp_path, ray_local):
         for key in ("loss", "ce", "tv", "bce", "tau_tv"):
             assert b[key] == pytest.approx(a[key], rel=WORKER_RTOL), (a["step"], key)
             worst_rel = max(worst_rel, abs(b[key] - a[key]) / max(abs(a[key]), 1e-12))
-    sa = torch.load(latest_checkpoint(tmp_path / "one") / "state.pt", weights_only=False)["model"]
-    sb = torch.load(latest_checkpoint(tmp_path / "two") / "state.pt", weights_only=False)["model"]
+    sa = torch.load(latest_checkpoint(tmp_path / "one") / "state.pt", weights_only=True)["model"]
+    sb = torch.load(latest_checkpoint(tmp_path / "two") / "state.pt", weights_only=True)["model"]
     worst = max(float((sa[k] - sb[k]).abs().max()) for k in sa)
     print(
         f"1 vs 2 workers: max relative metric difference {worst_rel:.1e}, max |param diff| {worst:.1e}"
@@ -208,9 +208,9 @@ def test_fsdp_trains_as_one_worker_and_checkpoints_cross_strategies(
                     m["step"],
                     key,
                 )
-    ref = torch.load(latest_checkpoint(tmp_path / "one") / "state.pt", weights_only=False)
+    ref = torch.load(latest_checkpoint(tmp_path / "one") / "state.pt", weights_only=True)
     for run in ("fsdp-then-one", "one-then-fsdp"):
-        got = torch.load(latest_checkpoint(tmp_path / run) / "state.pt", weights_only=False)
+        got = torch.load(latest_checkpoint(tmp_path / run) / "state.pt", weights_only=True)
         assert set(got["model"]) == set(ref["model"])
         worst = max(float((got["model"][k] - ref["model"][k]).abs().max()) for k in ref["model"])
         assert worst < 1e-4, (run, worst)
