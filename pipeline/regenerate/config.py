@@ -116,6 +116,10 @@ class RegenerateConfig(ConfigModel):
     # encode threads busy, Python's 5 ms default can keep it waiting that long
     # each time. 0.5 measured +8% steady tok/s on the trained toy (docs/capture.md).
     gil_switch_interval_ms: float = Field(0.5, gt=0)
+    # Move the replica's host work (feeder, write-back threads, the engine-core
+    # process) off the CPUs the engine's model workers bound their threads to
+    # (vLLM's CPU build binds them; a GPU engine binds none, and nothing moves).
+    isolate_engine_cpus: bool = True
     # Publish a version after this many finished units or seconds, and at the end.
     commit_every_units: int = Field(16, gt=0)
     commit_every_seconds: float = Field(300.0, gt=0)

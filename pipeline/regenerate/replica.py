@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from pipeline.regenerate.config import RegenerateConfig
+from pipeline.regenerate.cpus import isolate_host_work
 from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.unit import UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
@@ -45,6 +46,8 @@ class RegenerateReplica:
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started
+        # Before the feeder exists: its thread and pools inherit this thread's CPUs.
+        self.host_cpus = isolate_host_work() if regenerate.isolate_engine_cpus else None
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )
@@ -59,6 +62,7 @@ class RegenerateReplica:
             "start_seconds": self.start_seconds,
             "units_wanted": self.units_wanted,
             "max_requests_in_flight": self.limits.max_requests_in_flight,
+            "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
         }
 
     async def regenerate(self, unit: WorkUnit, spec: UnitSpec) -> UnitResult:
@@ -77,6 +81,7 @@ class RegenerateReplica:
             "spilled_bytes": wb.spilled_bytes,
             "writeback_peak_bytes": wb.peak_nbytes,
             "max_capture_bytes": self.limits.max_capture_bytes,
+            "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
         }
 
     def close(self) -> None:

@@ -1,0 +1,106 @@
+"""Keep a replica's host work off the CPUs its engine's model workers are bound to.
+
+vLLM's CPU build binds each model worker's OpenMP threads to cores of their
+own. It leaves the engine-core process (which spin-waits on the worker), the
+replica's feeder and its write-back threads free to run anywhere, so the
+kernel also places them on the worker's cores, and every CPU-second of
+encoding there is taken from the forward. After the engine is up,
+`isolate_host_work` reads which CPUs the workers' threads are bound to
+(Linux affinity masks, nothing guessed). It then moves the calling thread
+and the engine's other processes onto the remaining CPUs. Threads created
+afterwards (the feeder and its pools) inherit the calling thread's mask.
+Where no worker is bound (a GPU engine, a CPU engine started with
+`VLLM_CPU_OMP_THREADS_BIND=nobind`), or the workers hold every CPU, it
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from pipeline.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children first), from /proc; [] where /proc lacks them."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in _listdir(f"/proc/{parent}/task"):
+            text = _read(f"/proc/{parent}/task/{task}/children")
+            for child in text.split():
+                out.append(int(child))
+                todo.append(int(child))
+    return out
+
+
+def worker_cpus(pids: list[int], allowed: set[int]) -> set[int]:
+    """CPUs that threads of model-worker processes among `pids` are bound to.
+
+    A worker is a process whose command line names a worker (vLLM sets
+    `VLLM::Worker...`); a thread counts as bound when its mask is narrower
+    than `allowed` (ours). The engine core is not a worker: it is moved, not kept.
+    """
+    bound: set[int] = set()
+    for pid in pids:
+        if "Worker" not in _read(f"/proc/{pid}/cmdline").replace("\0", " "):
+            continue
+        for task in _listdir(f"/proc/{pid}/task"):
+            try:
+                cpus = os.sched_getaffinity(int(task))
+            except OSError:  # the thread ended
+                continue
+            if cpus < allowed:
+                bound |= cpus
+    return bound
+
+
+def isolate_host_work() -> set[int] | None:
+    """Move this thread and the engine's non-worker processes off the workers' CPUs.
+
+    Returns the CPUs host work now runs on, or None where nothing changed.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    pids = descendants(os.getpid())
+    bound = worker_cpus(pids, allowed)
+    host = allowed - bound
+    if not bound or not host:
+        return None
+    os.sched_setaffinity(0, host)
+    for pid in pids:
+        if "Worker" in _read(f"/proc/{pid}/cmdline").replace("\0", " "):
+            continue
+        for task in _listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(task), host)
+            except OSError:  # ended, or not ours to move: leave it
+                continue
+    log.info(
+        "host work kept off the engine workers' CPUs %s",
+        kv(worker_cpus=_span(bound), host_cpus=_span(host)),
+    )
+    return host
+
+
+def _span(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
