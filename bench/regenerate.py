@@ -265,23 +265,12 @@ def plain_inprocess(name: str, conversations: int) -> dict:
 
 
 def _inprocess_child(spec: str) -> None:
-    from transformers import AutoTokenizer
-    from vllm import LLM
-
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.targets.resolve import resolve_model
-    from pipeline.targets.vllm_backend import engine_kwargs
 
     name, _, count = spec.partition("=")
     config = bench_config(name, int(count), Path(tempfile.gettempdir()) / "unused")
     conversations = load_corpus(config.corpus).conversations
-    model_dir = resolve_model(config.target.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    kwargs = engine_kwargs(config.target, model_dir)
-    kwargs["enable_prefix_caching"] = False
-    t0 = time.perf_counter()
-    llm = LLM(**kwargs)
-    start = time.perf_counter() - t0
+    llm, tokenizer, start = plain_engine(config)
     _, seconds, _, generated = plain_fed(llm, tokenizer, config, conversations)
     out = {
         "a_inproc_s": seconds,
@@ -291,12 +280,13 @@ def _inprocess_child(spec: str) -> None:
     print("INPROCESS " + json.dumps(out), flush=True)
 
 
-def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
+def plain_engine(config):
+    """(a)'s engine: the target's vLLM arguments, prefix caching off. (llm, tokenizer, start s)."""
     from transformers import AutoTokenizer
     from vllm import LLM
 
     from pipeline.targets.resolve import resolve_model
-    from pipeline.targets.vllm_backend import VLLMTarget, engine_kwargs
+    from pipeline.targets.vllm_backend import engine_kwargs
 
     model_dir = resolve_model(config.target.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -304,7 +294,15 @@ def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> 
     kwargs = engine_kwargs(config.target, model_dir)
     kwargs["enable_prefix_caching"] = False  # faster here (see the module docstring)
     llm = LLM(**kwargs)
-    start_a = time.perf_counter() - t0
+    return llm, tokenizer, time.perf_counter() - t0
+
+
+def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
+    from pipeline.targets.resolve import resolve_model
+    from pipeline.targets.vllm_backend import VLLMTarget
+
+    model_dir = resolve_model(config.target.model)
+    llm, tokenizer, start_a = plain_engine(config)
     answers, a_s, prompt_tokens, generated = plain_fed(llm, tokenizer, config, conversations)
     extra = {}
     if with_rounds:  # what a user of `LLM.generate` gets: turn rounds, each one call

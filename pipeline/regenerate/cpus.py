@@ -46,9 +46,7 @@ def worker_cpus(pids: list[int], allowed: set[int]) -> set[int]:
     than `allowed` (ours). The engine core is not a worker: it is moved, not kept.
     """
     bound: set[int] = set()
-    for pid in pids:
-        if "Worker" not in _read(f"/proc/{pid}/cmdline").replace("\0", " "):
-            continue
+    for pid in filter(_is_worker, pids):
         for task in _listdir(f"/proc/{pid}/task"):
             try:
                 cpus = os.sched_getaffinity(int(task))
@@ -73,9 +71,7 @@ def isolate_host_work() -> set[int] | None:
     if not bound or not host:
         return None
     os.sched_setaffinity(0, host)
-    for pid in pids:
-        if "Worker" in _read(f"/proc/{pid}/cmdline").replace("\0", " "):
-            continue
+    for pid in (p for p in pids if not _is_worker(p)):
         for task in _listdir(f"/proc/{pid}/task"):
             try:
                 os.sched_setaffinity(int(task), host)
@@ -86,6 +82,11 @@ def isolate_host_work() -> set[int] | None:
         kv(worker_cpus=_span(bound), host_cpus=_span(host)),
     )
     return host
+
+
+def _is_worker(pid: int) -> bool:
+    """vLLM titles its model-worker processes `VLLM::Worker...`."""
+    return "Worker" in _read(f"/proc/{pid}/cmdline").replace("\0", " ")
 
 
 def _span(cpus: set[int]) -> str:
