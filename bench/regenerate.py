@@ -373,9 +373,13 @@ def run_c(config, profile: Path | None) -> dict:
         "c_bytes": summary.bytes_written,
         "c_peak_capture_mb": stats.get("peak_capture_bytes", 0) / 2**20,
         "c_peak_in_flight": stats.get("peak_in_flight", 0),
+        "c_peak_units": stats.get("peak_units_held", 0),
         "c_engine_steps": stats.get("steps", 0),
         "c_step_s": stats.get("step_seconds", 0.0),
         "c_handle_s": stats.get("handle_seconds", 0.0),
+        "c_admit_s": stats.get("admit_seconds", 0.0),
+        "c_idle_s": stats.get("idle_seconds", 0.0),
+        "c_mean_batch": stats.get("busy_slots", 0) / max(1, stats.get("steps", 0)),
         "c_encode_s": stats.get("encode_seconds", 0.0),
     }
 

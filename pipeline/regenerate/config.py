@@ -81,6 +81,10 @@ class OutputConfig(ConfigModel):
     codec: Literal["bf16", "fp8"] = "bf16"
 
 
+# How far a replica's units in flight may grow past the engine-filling start.
+UNIT_GROWTH = 4
+
+
 class RegenerateConfig(ConfigModel):
     """How the regeneration stage cuts the corpus into units and feeds the replicas."""
 
@@ -96,8 +100,11 @@ class RegenerateConfig(ConfigModel):
     # None: the engine's own concurrency (vLLM max_num_seqs) plus a quarter, so
     # the engine never waits for the next request.
     max_requests_in_flight: int | None = Field(None, gt=0)
-    # Units a replica works on at once. None: enough to fill
-    # max_requests_in_flight with one conversation each, plus one.
+    # Units a replica works on at once. None: start with enough to fill
+    # max_requests_in_flight with one conversation each, plus one, and add one
+    # each time the engine would run short of work with those (every request
+    # of every unit held is in it: units in their last, long turns), up to
+    # four times that. A number: exactly that many.
     max_units_in_flight_per_replica: int | None = Field(None, gt=0)
     # Captured hidden states a replica holds in host memory (rows of requests in
     # flight, reserved at prompt + answer budget; samples waiting to be encoded;
@@ -149,6 +156,11 @@ class RegenerateConfig(ConfigModel):
         if self.max_units_in_flight_per_replica is not None:
             return self.max_units_in_flight_per_replica
         return -(-max_requests_in_flight // self.conversations_per_unit) + 1
+
+    def max_units_in_flight(self, max_requests_in_flight: int) -> int:
+        """The most units a replica may hold once it asked for more (see the key)."""
+        base = self.units_in_flight(max_requests_in_flight)
+        return base if self.max_units_in_flight_per_replica is not None else UNIT_GROWTH * base
 
     def requests_in_flight(self, engine_concurrency: int) -> int:
         if self.max_requests_in_flight is not None:

@@ -67,6 +67,9 @@ class FeedStats:
     steps: int = 0
     step_seconds: float = 0.0  # in backend.poll
     handle_seconds: float = 0.0  # turning results into samples and next requests
+    admit_seconds: float = 0.0  # starting units (rendering first turns) and submitting requests
+    idle_seconds: float = 0.0  # nothing to run: waiting for the next unit
+    busy_slots: int = 0  # requests in the engine summed over steps (/ steps: the mean batch)
     peak_capture_bytes: int = 0  # reserved rows + write-back, at its highest
     peak_in_flight: int = 0
     over_bound_admissions: int = 0
@@ -105,6 +108,7 @@ class EngineFeeder:
         self._reserved = 0
         self._stopping = False
         self._fatal: BaseException | None = None
+        self._hunger: list[Future] = []  # hungry() calls waiting for the engine to run short
         self._warned_bound = False
         self._thread = threading.Thread(target=self._run, name="engine-feeder", daemon=True)
         self._thread.start()
@@ -123,6 +127,31 @@ class EngineFeeder:
             self._cond.notify()
         return future
 
+    def hungry(self) -> Future[bool]:
+        """Resolves True once every request of the units held here is in the engine and it
+        has room, i.e. the engine runs short of work without another unit (the scheduler
+        then may give one more than `units_wanted`); False if the feeder stops first."""
+        future: Future[bool] = Future()
+        with self._cond:
+            if self._stopping or self._fatal is not None:
+                future.set_result(False)
+            else:
+                self._hunger.append(future)
+                self._cond.notify()
+        return future
+
+    def _answer_hunger(self) -> None:
+        """With the lock held: resolve the hungry() calls if the engine is short of work."""
+        if (
+            self._hunger
+            and not self._incoming
+            and not self._pending
+            and self.backend.num_unfinished() < self.limits.max_requests_in_flight
+        ):
+            for future in self._hunger:
+                future.set_result(True)
+            self._hunger = []
+
     def health(self) -> dict[str, float]:
         """Requests in the engine and seconds since its last completed step (a stall check)."""
         in_flight = len(self._owner)
@@ -138,6 +167,9 @@ class EngineFeeder:
         """Stop the loop (units still running fail) and the write-back workers."""
         with self._cond:
             self._stopping = True
+            for future in self._hunger:
+                future.set_result(False)
+            self._hunger = []
             self._cond.notify()
         self._thread.join(timeout=60)
         self.writeback.close()
@@ -152,22 +184,32 @@ class EngineFeeder:
         try:
             while True:
                 with self._cond:
+                    waited = time.perf_counter()
                     while (
                         not self._stopping
                         and not self._incoming
                         and not self._pending
                         and not self.backend.num_unfinished()
                     ):
+                        self._answer_hunger()
                         self._cond.wait()
                     if self._stopping:
                         return
                     incoming, self._incoming = self._incoming, []
+                admitting = time.perf_counter()
+                if self.stats.steps:  # before the first unit the engine is not idle, only unused
+                    self.stats.idle_seconds += admitting - waited
                 for job, future in incoming:
                     self._start(job, future)
                 self._admit()
+                if self._hunger:
+                    with self._cond:
+                        self._answer_hunger()
+                self.stats.busy_slots += self.backend.num_unfinished()
+                started = time.perf_counter()
+                self.stats.admit_seconds += started - admitting
                 if not self.backend.num_unfinished():
                     continue
-                started = time.perf_counter()
                 results = self.backend.poll(defer=True)
                 polled = time.perf_counter()
                 self.stats.last_step_at = time.monotonic()
@@ -181,6 +223,9 @@ class EngineFeeder:
             log.error("engine loop failed %s", kv(error=repr(err)))
             with self._cond:
                 self._fatal = err
+                for future in self._hunger:
+                    future.set_result(False)
+                self._hunger = []
             for future in list(self._futures.values()) + [f for _, f in self._incoming]:
                 if not future.done():
                     future.set_exception(err)

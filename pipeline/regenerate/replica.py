@@ -53,6 +53,7 @@ class RegenerateReplica:
         )
         self.limits = feed_limits(regenerate, self.backend)
         self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
+        self.max_units = regenerate.max_units_in_flight(self.limits.max_requests_in_flight)
         self.feeder = EngineFeeder(self.backend, tokenizer, self.limits, on_fatal=_exit_process)
 
     def ready(self) -> dict[str, Any]:
@@ -61,6 +62,7 @@ class RegenerateReplica:
             "pid": os.getpid(),
             "start_seconds": self.start_seconds,
             "units_wanted": self.units_wanted,
+            "max_units": self.max_units,
             "max_requests_in_flight": self.limits.max_requests_in_flight,
             "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
         }
@@ -69,6 +71,12 @@ class RegenerateReplica:
         import asyncio
 
         return await asyncio.wrap_future(self.feeder.submit_unit(unit, spec))
+
+    async def hungry(self) -> bool:
+        """Answers once the engine runs short of work with the units held (scheduler.py)."""
+        import asyncio
+
+        return await asyncio.wrap_future(self.feeder.hungry())
 
     def stats(self) -> dict[str, Any]:
         """The feeder's counters (steps, peak captured bytes, ...) and the write-back's."""

@@ -238,6 +238,8 @@ def run_regenerate(
             replica_stall_timeout_s=regen.replica_stall_timeout_s,
             replica_restart_timeout_s=config.replicas.start_timeout_s,
         ),
+        hunger=lambda actor: actor.hungry.remote(),
+        ceilings=[info["max_units"] for info in ready],
     )
 
     def on_done(unit: WorkUnit, result: UnitResult) -> None:
@@ -253,6 +255,8 @@ def run_regenerate(
             log.error("unit failed %s", kv(unit=unit_id, why=why))
         summary.steady_seconds = time.monotonic() - steady
         summary.replica_stats = _replica_stats(actors)
+        for stats, peak in zip(summary.replica_stats, report.peak_units, strict=True):
+            stats["peak_units_held"] = peak
     except BaseException as err:
         sink.on_write_failed(err)
         raise

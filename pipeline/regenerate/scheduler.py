@@ -4,6 +4,13 @@ The driver's side of the replica pool, apart from planning and committing:
 
 * units go to the least-loaded live replica with room (as many units as each
   asked for), preferring one the unit has not failed on;
+* a replica may take more units than it asked for, up to its ceiling: with a
+  `hunger` call, the scheduler keeps one in flight per replica while units
+  wait, and the replica answers it when every request of the units it holds
+  is in its engine and the engine has room. A unit's last requests (the long
+  answers, the later turns of a conversation) hold its slot long after most
+  of its requests are done, so a fixed count leaves the engine short of work;
+  each answered call while the replica's slots are full adds one slot;
 * a replica that dies (OOM, node loss, SIGKILL) fails its in-flight units
   with a `RayActorError`; they go back in the queue and the replica is
   probed: Ray restarts it (`replicas.max_restarts`) and it takes units again
@@ -59,6 +66,7 @@ class SchedulerReport:
     failed: dict[str, str] = field(default_factory=dict)  # unit id -> why
     replicas_restarted: int = 0
     replicas_lost: int = 0
+    peak_units: list[int] = field(default_factory=list)  # most units each replica held at once
 
 
 @dataclass
@@ -66,7 +74,9 @@ class _Replica:
     actor: Any
     capacity: int
     state: str = "up"  # up | probing | dead
+    ceiling: int = 0  # the most units it may be given (hunger adds slots up to this)
     load: int = 0
+    hunger: Any = None  # the hunger() call in flight
     probe: Any = None  # the ready() call in flight while it restarts
     probe_started: float = 0.0
     probe_after: float = 0.0  # when to ask again (a probe that found it still restarting)
@@ -83,11 +93,19 @@ class UnitScheduler:
         capacities: list[int],
         submit: Callable[[Any, WorkUnit], Any],
         limits: SchedulerLimits,
+        *,
+        hunger: Callable[[Any], Any] | None = None,
+        ceilings: list[int] | None = None,
     ) -> None:
-        self.replicas = [_Replica(a, c) for a, c in zip(actors, capacities, strict=True)]
+        ceilings = ceilings or capacities
+        self.replicas = [
+            _Replica(a, c, ceiling=max(c, top))
+            for a, c, top in zip(actors, capacities, ceilings, strict=True)
+        ]
         self.submit = submit  # (actor, unit) -> ObjectRef of its UnitResult
+        self.hunger = hunger  # actor -> ObjectRef of a bool (see the module docstring)
         self.limits = limits
-        self.report = SchedulerReport()
+        self.report = SchedulerReport(peak_units=[0] * len(self.replicas))
 
     def run(
         self, units: list[WorkUnit], on_done: Callable[[WorkUnit, Any], None]
@@ -105,8 +123,14 @@ class UnitScheduler:
                 for _, unit, _ in queue:
                     self.report.failed[unit.unit_id] = "no live replica left"
                 break
-            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=self.limits.poll_seconds)
+            hungry = self._ask_hunger(queue)
+            ready, _ = ray.wait(
+                [*in_flight, *hungry], num_returns=1, timeout=self.limits.poll_seconds
+            )
             for ref in ready:
+                if ref in hungry:
+                    self._on_hunger(hungry[ref], ref)
+                    continue
                 unit, attempt, index, _ = in_flight.pop(ref)
                 self.replicas[index].load -= 1
                 self._collect(ref, unit, attempt, index, queue, failed_on, on_done)
@@ -132,6 +156,34 @@ class UnitScheduler:
             replica = self.replicas[index]
             in_flight[self.submit(replica.actor, unit)] = (unit, attempt, index, now)
             replica.load += 1
+            peaks = self.report.peak_units
+            peaks[index] = max(peaks[index], replica.load)
+
+    def _ask_hunger(self, queue) -> dict[Any, int]:
+        """Keep one hunger call in flight per replica that could grow, while units wait.
+
+        Sent after this round's dispatch: a replica runs its calls in order, so
+        it answers only once it holds every unit given to it so far.
+        """
+        if self.hunger is not None and queue:
+            for replica in self.replicas:
+                if replica.hunger is None and replica.state == "up":
+                    if replica.capacity < replica.ceiling:
+                        replica.hunger = self.hunger(replica.actor)
+        return {r.hunger: i for i, r in enumerate(self.replicas) if r.hunger is not None}
+
+    def _on_hunger(self, index: int, ref) -> None:
+        import ray
+
+        replica = self.replicas[index]
+        replica.hunger = None
+        try:
+            hungry = ray.get(ref)
+        except Exception:  # it died meanwhile: its units' results say so
+            return
+        if hungry and replica.state == "up" and replica.load >= replica.capacity:
+            replica.capacity = min(replica.ceiling, replica.capacity + 1)
+            log.debug("replica takes another unit %s", kv(replica=index, units=replica.capacity))
 
     def _pick(self, avoid: set[int]) -> int | None:
         """The least-loaded replica that is up and has room, preferring fresh ones."""
@@ -213,6 +265,8 @@ class UnitScheduler:
                         info = ray.get(replica.probe)
                         replica.state, replica.probe = "up", None
                         replica.capacity = info["units_wanted"]
+                        replica.ceiling = max(replica.capacity, info.get("max_units", 0))
+                        replica.hunger = None  # a call to the dead process answers nothing
                         self.report.replicas_restarted += 1
                         log.info("replica back %s", kv(replica=index, pid=info["pid"]))
                     except ActorUnavailableError:

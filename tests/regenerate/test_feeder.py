@@ -143,3 +143,31 @@ def test_captured_memory_stays_under_the_bound(setup, tmp_path):
     assert feeder.stats.over_bound_admissions == 0
     assert 1 < feeder.stats.peak_in_flight < 64  # the bound, not the request cap, limited it
     assert feeder.capture_bytes == 0  # everything released once the shards were written
+
+
+def test_hungry_answers_once_every_request_is_in_the_engine(setup, tmp_path):
+    backend, tok, spec, units = setup
+    spec = UnitSpec(**{**spec.__dict__, "dataset_uri": str(tmp_path / "hunger")})
+    unit = units[0]
+    first_turns = len(unit.conversations)
+    for cap in (64, 2):  # room for every first turn at once; room for two at a time
+        feeder = EngineFeeder(backend, tok, FeedLimits(cap, 1 << 30))
+        try:
+            future = feeder.submit_unit(unit, spec)
+            seen = {}
+            hunger = feeder.hungry()
+            hunger.add_done_callback(
+                lambda f, seen=seen, feeder=feeder, future=future: seen.update(
+                    requests=feeder.stats.requests, unit_done=future.done()
+                )
+            )
+            assert hunger.result(timeout=900) is True
+            # Every first turn was in the engine before it said so...
+            assert seen["requests"] >= first_turns
+            if cap == 64:  # ...and the unit's longest answers were still running.
+                assert not seen["unit_done"]
+            future.result(timeout=900)
+        finally:
+            feeder.close()
+    stopped = feeder.hungry()
+    assert stopped.result(timeout=5) is False  # a closed feeder never asks for more

@@ -40,6 +40,10 @@ class StandIn:
     def ready(self) -> dict:
         return {"pid": os.getpid(), "units_wanted": 2}
 
+    async def hungry(self) -> bool:
+        await asyncio.sleep(0.01)
+        return True  # as a replica whose units are all in their last turns
+
     def stats(self) -> dict:
         hung = self.started is not None
         return {
@@ -65,6 +69,19 @@ class StandIn:
         return unit.unit_id
 
 
+def _pid_after_restart(ray, actor, timeout_s: float = 60.0) -> int:
+    from ray.exceptions import ActorUnavailableError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(actor.ready.remote(), timeout=timeout_s)["pid"]
+        except ActorUnavailableError:  # still restarting
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _units(*names: str) -> list[WorkUnit]:
     return [WorkUnit(name, i, ()) for i, name in enumerate(names)]
 
@@ -87,12 +104,19 @@ def test_transient_retried_deterministic_not_crash_and_hang_fail_over(ray_local,
     done: list[str] = []
     scheduler = _scheduler(ray_local, tmp_path)
     units = _units("ok-1", "ok-2", "transient-1", "bad-1", "crash-1", "hang-1", "ok-3")
+    actors = [r.actor for r in scheduler.replicas]
+    pids = ray_local.get([a.ready.remote() for a in actors])
     report = scheduler.run(units, lambda unit, result: done.append(result))
     assert sorted(done) == sorted(["ok-1", "ok-2", "ok-3", "transient-1", "crash-1", "hang-1"])
     assert len(done) == len(set(done))  # every unit finished exactly once
     assert list(report.failed) == ["bad-1"] and "ValueError" in report.failed["bad-1"]
     assert report.retries >= 3  # transient, crash, hang
-    assert report.replicas_restarted >= 2  # the crashed one and the killed hung one
+    # The crashed replica and the killed hung one both came back as new processes
+    # (the run may end before the scheduler's probe of the second one answers).
+    assert report.replicas_restarted >= 1 and report.replicas_lost == 0
+    assert all(
+        _pid_after_restart(ray_local, a) != p["pid"] for a, p in zip(actors, pids, strict=True)
+    )
 
 
 def test_a_unit_fails_for_good_after_its_attempts(ray_local, tmp_path):
@@ -102,3 +126,23 @@ def test_a_unit_fails_for_good_after_its_attempts(ray_local, tmp_path):
     report = scheduler.run(_units("transient-2", "ok-4"), lambda u, r: done.append(r))
     assert done == ["ok-4"]
     assert "1 attempts" in report.failed["transient-2"]
+
+
+def test_a_hungry_replica_takes_units_up_to_its_ceiling(ray_local, tmp_path):
+    remote = ray_local.remote(StandIn).options(max_restarts=0)
+    units = _units(*(f"ok-h{i}" for i in range(8)))
+    for hunger, expected in ((None, 1), (lambda actor: actor.hungry.remote(), 3)):
+        actor = remote.remote(str(tmp_path))
+        scheduler = UnitScheduler(
+            [actor],
+            [1],
+            lambda actor, unit: actor.regenerate.remote(unit),
+            SchedulerLimits(poll_seconds=0.2),
+            hunger=hunger,
+            ceilings=[3],
+        )
+        done: list[str] = []
+        report = scheduler.run(units, lambda unit, result, done=done: done.append(result))
+        assert sorted(done) == sorted(u.unit_id for u in units)  # each once
+        assert report.peak_units == [expected]
+        ray_local.kill(actor)
