@@ -374,6 +374,7 @@ def run_c(config, profile: Path | None) -> dict:
         "c_peak_capture_mb": stats.get("peak_capture_bytes", 0) / 2**20,
         "c_peak_in_flight": stats.get("peak_in_flight", 0),
         "c_peak_units": stats.get("peak_units_held", 0),
+        "c_units_wanted": stats.get("units_wanted", 0),
         "c_engine_steps": stats.get("steps", 0),
         "c_step_s": stats.get("step_seconds", 0.0),
         "c_handle_s": stats.get("handle_seconds", 0.0),
@@ -381,6 +382,22 @@ def run_c(config, profile: Path | None) -> dict:
         "c_idle_s": stats.get("idle_seconds", 0.0),
         "c_mean_batch": stats.get("busy_slots", 0) / max(1, stats.get("steps", 0)),
         "c_encode_s": stats.get("encode_seconds", 0.0),
+    }
+
+
+def run_c_fixed(name: str, args, out: Path, shipped: dict) -> dict:
+    """(c) with the replica's units in flight fixed at its starting count (no growth on
+    hunger, scheduler.py): what the hunger call adds, measured beside (c)."""
+    cfg = bench_config(name, conversations_for(args, name), out)
+    regen = cfg.regenerate.model_copy(
+        update={"max_units_in_flight_per_replica": shipped["c_units_wanted"]}
+    )
+    got = run_c(cfg.model_copy(update={"regenerate": regen}), None)
+    return {
+        "c_fixed_tok_s": got["c_generated_tokens"] / got["c_s"],
+        "c_fixed_mean_batch": got["c_mean_batch"],
+        "c_fixed_engine_steps": got["c_engine_steps"],
+        "c_fixed_units": shipped["c_units_wanted"],
     }
 
 
@@ -544,6 +561,8 @@ def run_target(name: str, args, log: list[str]) -> dict:
                     )
                     profile = work / "profile.txt" if args.profile and round_ == 0 else None
                     r.update(run_c(cfg, profile))
+                    if name in args.fixed_units_baseline.split(","):
+                        r.update(run_c_fixed(name, args, work / f"r{round_}-fixed", r))
                     if profile and profile.exists():
                         profile_shares = summarise_profile(profile)
                         if args.keep_profile:
@@ -599,6 +618,13 @@ def run_target(name: str, args, log: list[str]) -> dict:
             r["c_over_a_rounds"] = round(r["c_tok_s"] / r["a_rounds_tok_s"], 3)
         out["a_rounds_tok_s"] = med("a_rounds_tok_s")
         out["c_over_a_rounds"] = med("c_over_a_rounds")
+    if "c_fixed_tok_s" in rounds[0]:
+        for r in rounds:
+            r["c_over_c_fixed"] = round(r["c_tok_s"] / r["c_fixed_tok_s"], 3)
+        out["c_fixed_tok_s"] = med("c_fixed_tok_s")
+        out["c_over_c_fixed"] = med("c_over_c_fixed")
+        out["c_mean_batch"] = med("c_mean_batch")
+        out["c_fixed_mean_batch"] = med("c_fixed_mean_batch")
     if "a_inproc_tok_s" in rounds[0]:
         for r in rounds:
             r["c_over_a_inproc"] = round(r["c_tok_s"] / r["a_inproc_tok_s"], 3)
@@ -642,6 +668,16 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 f"{name}: plain vLLM fed the same way with its engine core and worker in one "
                 f"process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) {fmt(r['a_inproc_tok_s'])} tok/s; "
                 f"(c) over it {fmt(r['c_over_a_inproc'], 3)}.",
+            ]
+        if "c_fixed_tok_s" in r:
+            lines += [
+                "",
+                f"{name}: (c) with each replica's units in flight fixed at its starting count "
+                f"({r['rounds'][0]['c_fixed_units']}; no growth when its engine runs short) "
+                f"{fmt(r['c_fixed_tok_s'])} tok/s, mean engine batch "
+                f"{fmt(r['c_fixed_mean_batch'])}; (c) as shipped {fmt(r['c_mean_batch'])} "
+                f"(peak units held {r['rounds'][0]['c_peak_units']}), (c) over it "
+                f"{fmt(r['c_over_c_fixed'], 3)}.",
             ]
         if "a_rounds_tok_s" in r:
             lines += [
@@ -692,6 +728,11 @@ def main() -> None:
         help="targets on which (a) is also run with vLLM in one process (reported apart)",
     )
     p.add_argument(
+        "--fixed-units-baseline",
+        default="trained",
+        help="targets on which (c) is also run with its units in flight fixed (reported apart)",
+    )
+    p.add_argument(
         "--keep-profile", type=Path, default=None, help="copy the raw py-spy output here"
     )
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
@@ -733,7 +774,16 @@ def record(results: dict, codec: dict, args, load: float) -> None:
     for name, r in results.items():
         prefix = "regen_" if name == "large" else f"regen_{name}_"
         keys = ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2")
-        extra = ("a_rounds_tok_s", "c_over_a_rounds", "a_inproc_tok_s", "c_over_a_inproc")
+        extra = (
+            "a_rounds_tok_s",
+            "c_over_a_rounds",
+            "a_inproc_tok_s",
+            "c_over_a_inproc",
+            "c_fixed_tok_s",
+            "c_over_c_fixed",
+            "c_mean_batch",
+            "c_fixed_mean_batch",
+        )
         for key in keys + tuple(k for k in extra if k in r):
             flat[f"{prefix}{key}"] = round(r[key]["median"], 3)
             flat[f"{prefix}{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]

@@ -38,7 +38,7 @@ class RunShape:
     max_new_tokens: int
     max_model_len: int
     requests_in_flight: int  # what the feeder keeps in the engine (config or engine default)
-    units_in_flight: int  # units a replica works on at once
+    units_in_flight: int  # the most units a replica works on at once
     num_encode_workers: int
 
 
@@ -152,14 +152,18 @@ def plan_capacity(
 
     # The feeder's bound covers the raw rows every request in flight reserves (its
     # prompt + answer budget) and the encoded rows of units not written yet (about
-    # half a shard per unit in flight, on average).
+    # half a shard per unit in flight, on average; past half the bound they spill
+    # to local disk, so never more than that).
     budget = min(corpus.prompt_tokens + shape.max_new_tokens, shape.max_model_len)
     per_request = budget * raw_bpt
-    held = shape.units_in_flight * stored / shards / 2
+    unfinished = shape.units_in_flight * stored / shards / 2
+    held = min(unfinished, shape.max_capture_bytes / 2)
     admitted = max(0, int((shape.max_capture_bytes - held) // per_request))
     wanted = shape.requests_in_flight
     if admitted < wanted:
-        need_mb = math.ceil((wanted * per_request + held) / 2**20)
+        # The smallest bound B with B - min(unfinished, B / 2) >= the reservations.
+        reserved = wanted * per_request
+        need_mb = math.ceil((reserved + min(unfinished, reserved)) / 2**20)
         warnings.append(
             f"regenerate.max_capture_memory_mb={shape.max_capture_bytes >> 20} admits "
             f"{admitted} request(s) at once (each reserves {budget:.0f} tokens x "

@@ -182,7 +182,7 @@ def run_shape(
         max_new_tokens=config.generation.max_new_tokens,
         max_model_len=config.target.max_model_len,
         requests_in_flight=requests,
-        units_in_flight=regen.units_in_flight(requests),
+        units_in_flight=regen.max_units_in_flight(requests),
         num_encode_workers=regen.num_encode_workers,
     )
 

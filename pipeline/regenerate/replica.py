@@ -89,6 +89,8 @@ class RegenerateReplica:
             "spilled_bytes": wb.spilled_bytes,
             "writeback_peak_bytes": wb.peak_nbytes,
             "max_capture_bytes": self.limits.max_capture_bytes,
+            "units_wanted": self.units_wanted,
+            "max_units": self.max_units,
             "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
         }
 

@@ -95,3 +95,23 @@ def test_measured_figures_come_from_results_with_named_fallbacks():
     assert replica_tok_s("Qwen/Qwen3-8B", "vllm", results) is None  # no measured setup
     fallback = codec_ratio("bf16", True, {})
     assert fallback.value == 0.6738 and "lacks P3_toy_bf16" in fallback.source
+
+
+@pytest.mark.parametrize("units", [2, 400])  # few units in flight; so many they would spill
+def test_the_suggested_memory_bound_admits_every_request(units):
+    import re
+
+    small = shape(max_capture_bytes=64 << 20, units_in_flight=units)
+    warning = next(w for w in plan(shape=small).warnings if "admits" in w)
+    suggested = int(re.search(r"set it to (\d+)", warning).group(1))
+    # Rows of unfinished units past half the bound go to spill files, so the
+    # suggestion never needs more than twice the requests' reservations.
+    assert not [
+        w
+        for w in plan(
+            shape=shape(max_capture_bytes=suggested << 20, units_in_flight=units)
+        ).warnings
+        if "admits" in w
+    ]
+    reserved_mb = 64 * 400 * 12_000 / 2**20  # requests x (300 prompt + 100 answer) x row bytes
+    assert suggested <= 2 * reserved_mb + 1
