@@ -148,9 +148,13 @@ class EngineFeeder:
             and not self._pending
             and self.backend.num_unfinished() < self.limits.max_requests_in_flight
         ):
-            for future in self._hunger:
-                future.set_result(True)
-            self._hunger = []
+            self._release_hunger(True)
+
+    def _release_hunger(self, hungry: bool) -> None:
+        """With the lock held: answer every waiting hungry() call."""
+        for future in self._hunger:
+            future.set_result(hungry)
+        self._hunger = []
 
     def health(self) -> dict[str, float]:
         """Requests in the engine and seconds since its last completed step (a stall check)."""
@@ -167,9 +171,7 @@ class EngineFeeder:
         """Stop the loop (units still running fail) and the write-back workers."""
         with self._cond:
             self._stopping = True
-            for future in self._hunger:
-                future.set_result(False)
-            self._hunger = []
+            self._release_hunger(False)
             self._cond.notify()
         self._thread.join(timeout=60)
         self.writeback.close()
@@ -223,9 +225,7 @@ class EngineFeeder:
             log.error("engine loop failed %s", kv(error=repr(err)))
             with self._cond:
                 self._fatal = err
-                for future in self._hunger:
-                    future.set_result(False)
-                self._hunger = []
+                self._release_hunger(False)
             for future in list(self._futures.values()) + [f for _, f in self._incoming]:
                 if not future.done():
                     future.set_exception(err)
