@@ -51,7 +51,10 @@ class LocalStorage:
         for dirpath, _, filenames in os.walk(base):
             for name in filenames:
                 path = Path(dirpath) / name
-                st = path.stat()
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # renamed or removed since the walk saw it
+                    continue
                 out.append(
                     ObjectInfo(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
                 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 
 import pytest
@@ -88,6 +89,24 @@ def test_open_write_is_all_or_nothing(storage):
         assert f.read(3) == b"yyy"
     storage.delete("shards/a.parquet")
     assert not storage.exists("shards/a.parquet") and storage.list("shards/") == []
+
+
+def test_local_list_skips_a_file_renamed_away_while_it_walks(tmp_path, monkeypatch):
+    # A writer's temp file is renamed to its final name between the directory
+    # walk and the stat (seen in CI: gc listing during a regeneration).
+    storage = LocalStorage(tmp_path / "root")
+    storage.put_if_absent("index/a.json", b"{}")
+    storage.put_if_absent("index/.b.json.tmp-1-2", b"{}")
+    walk = os.walk
+
+    def racing_walk(top):
+        for dirpath, dirnames, filenames in walk(top):
+            if ".b.json.tmp-1-2" in filenames:
+                os.unlink(os.path.join(dirpath, ".b.json.tmp-1-2"))
+            yield dirpath, dirnames, filenames
+
+    monkeypatch.setattr("pipeline.storage.local.os.walk", racing_walk)
+    assert [o.key for o in storage.list()] == ["index/a.json"]
 
 
 def test_keys_are_checked(storage):
