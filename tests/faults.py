@@ -80,6 +80,12 @@ class Faults:
             self.injected[f"{op}:{when}"] += 1
             return when
 
+    def withdraw(self, op: str, key: str, when: str) -> None:
+        """Take back a decided fault whose call failed by itself (nothing was injected)."""
+        with self._lock:
+            self.injected[f"{op}:{when}"] -= 1
+            self._streak[(op, key)] = max(0, self._streak[(op, key)] - 1)
+
     def error(self, op: str) -> BaseException:
         with self._lock:
             kind = self._rng.randrange(4)
@@ -130,7 +136,12 @@ class FaultyFS:
         when = self._faults.decide(op, key, write=write)
         if when == "before":
             raise self._faults.error(op)
-        result = fn()
+        try:
+            result = fn()
+        except BaseException:
+            if when == "after":  # the call failed on its own: nothing was injected
+                self._faults.withdraw(op, key, when)
+            raise
         if when == "after":
             raise self._faults.error(op)
         return result
