@@ -57,7 +57,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,7 @@ import threading
 import time
 from pathlib import Path
 
-from results_file import merge_results, write_section  # bench/ is sys.path[0]
+from results_file import fmt_spread, merge_results, spread, write_section  # bench/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -582,8 +581,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
     def med(key: str) -> dict:
-        values = [r[key] for r in rounds]
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        return spread(r[key] for r in rounds)
 
     out = {
         "conversations": len(conversations),
@@ -636,9 +634,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
 
 
 def write_markdown(results: dict, codec: dict, args, load: float) -> None:
-    def fmt(d: dict, digits: int = 0) -> str:
-        return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
-
+    fmt = fmt_spread
     lines = [
         "# Regeneration benchmark (bench/regenerate.py)",
         "",

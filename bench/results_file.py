@@ -7,6 +7,8 @@ one bench never erases another's figures.
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -34,3 +36,14 @@ def write_section(tag: str, body: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS_MD.write_text(text)
+
+
+def spread(values: Iterable[float]) -> dict:
+    """The median of per-round figures with their range: {"median", "min", "max"}."""
+    values = list(values)
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt_spread(d: dict, digits: int = 0) -> str:
+    """A `spread` as "median [min-max]"."""
+    return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"

@@ -24,13 +24,12 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from regenerate import bench_config, run_c  # bench/ is sys.path[0]
-from results_file import merge_results, write_section
+from results_file import fmt_spread, merge_results, spread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -80,15 +79,11 @@ def run_target(name: str, conversations: int, rounds: int) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    def med(key: str) -> dict:
-        values = [r[key] for r in per_round]
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
     keys = ["grown_over_fixed"] + [f"{kind}_{k}" for kind in ("grown", "fixed") for k in KEEP]
     return {
         "conversations": conversations,
         "fixed_units": start_units,
-        **{k: med(k) for k in keys},
+        **{k: spread(r[k] for r in per_round) for k in keys},
         "rounds": per_round,
     }
 
@@ -105,9 +100,7 @@ def record(results: dict, args, load: float) -> None:
                 ]
     merge_results(flat)
 
-    def fmt(d: dict, digits: int = 0) -> str:
-        return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
-
+    fmt = fmt_spread
     lines = [
         "# Unit growth A/B (bench/unit_growth.py)",
         "",

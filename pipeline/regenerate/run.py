@@ -239,7 +239,7 @@ def run_regenerate(
             replica_restart_timeout_s=config.replicas.start_timeout_s,
         ),
         hunger=lambda actor: actor.hungry.remote(),
-        ceilings=[info.get("max_units", info["units_wanted"]) for info in ready],
+        ceilings=[info["max_units"] for info in ready],
     )
 
     def on_done(unit: WorkUnit, result: UnitResult) -> None:
