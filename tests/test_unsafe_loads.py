@@ -12,8 +12,9 @@ Refused anywhere in `pipeline/`, `jobs/` and `schemas/`:
   config says so.
 
 (Ray moves task arguments with cloudpickle between the project's own
-processes; that is Ray's transport, not a load of stored data, and the
-project's code never calls it.)
+processes, and multiprocessing moves the replica's messages to and from its
+own write-back process the same way; that is their transport, not a load of
+stored data, and the project's code never calls pickle itself.)
 """
 
 from __future__ import annotations

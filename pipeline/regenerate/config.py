@@ -118,6 +118,13 @@ class RegenerateConfig(ConfigModel):
     # codecs release the GIL (docs/capture.md: encode MB/s per core).
     num_encode_workers: int = Field(2, gt=0)
     num_write_workers: int = Field(1, gt=0)
+    # Where those threads run: "process", a child of the replica that reads the
+    # engine's capture spool itself, at `writeback_nice` (added to the replica's
+    # nice value) on any of the replica's CPUs, so it holds no lock the engine
+    # loop wants and runs on the cycles the engine leaves; or "threads", in the
+    # replica's own process (docs/capture.md has both measured).
+    writeback: Literal["process", "threads"] = "process"
+    writeback_nice: int = Field(10, ge=0, le=19)
     # Python's GIL switch interval in the replica process (sys.setswitchinterval),
     # in ms. The engine thread gives the GIL up around every engine call; with
     # encode threads busy, Python's 5 ms default can keep it waiting that long

@@ -35,10 +35,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pipeline.logs import kv
-from pipeline.regenerate.unit import DeferredSample, UnitJob, UnitResult, UnitSpec
+from pipeline.regenerate.unit import DeferredSample, SpooledSample, UnitJob, UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
-from pipeline.regenerate.writeback import ShardWriteback
-from pipeline.targets.base import GenerationRequest, StreamingBackend
+from pipeline.regenerate.writeback import ShardTarget, ShardWriteback, UnitWritten
+from pipeline.targets.base import (
+    GenerationRequest,
+    RequestFailure,
+    SpooledCapture,
+    StreamingBackend,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +58,18 @@ class FeedLimits:
     # bytes in memory (None: never); where (None: the system's temp dir).
     spill_above_bytes: int | None = None
     spill_dir: str | None = None
+    # Where the write-back runs: "process" (a child process at `writeback_nice`,
+    # which reads the engine's spool itself; writeback_process.py) or "threads"
+    # (threads of this process). `writeback_cpus`: the child's CPUs (None: ours).
+    writeback: str = "process"
+    writeback_nice: int = 10
+    writeback_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_requests_in_flight < 1 or self.max_capture_bytes < 1:
             raise ValueError("max_requests_in_flight and max_capture_bytes must be positive")
+        if self.writeback not in ("process", "threads"):
+            raise ValueError(f"writeback must be 'process' or 'threads', not {self.writeback!r}")
 
 
 @dataclass
@@ -91,12 +104,8 @@ class EngineFeeder:
         self.tokenizer = tokenizer
         self.limits = limits
         self.on_fatal = on_fatal
-        self.writeback = ShardWriteback(
-            num_encode_workers=limits.num_encode_workers,
-            num_write_workers=limits.num_write_workers,
-            spill_above_bytes=limits.spill_above_bytes,
-            spill_dir=limits.spill_dir,
-        )
+        self._rows_handed_off = False
+        self.writeback = self._start_writeback(limits)
         self.stats = FeedStats()
         self._cond = threading.Condition()
         self._incoming: list[tuple[UnitJob, Future]] = []
@@ -112,6 +121,43 @@ class EngineFeeder:
         self._warned_bound = False
         self._thread = threading.Thread(target=self._run, name="engine-feeder", daemon=True)
         self._thread.start()
+
+    def _start_writeback(self, limits: FeedLimits):
+        """The write-back: threads here, or a child process that reads the engine's spool."""
+        if limits.writeback == "threads":
+            return ShardWriteback(
+                num_encode_workers=limits.num_encode_workers,
+                num_write_workers=limits.num_write_workers,
+                spill_above_bytes=limits.spill_above_bytes,
+                spill_dir=limits.spill_dir,
+            )
+        from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackSettings
+
+        hand_off = getattr(self.backend, "hand_off_rows", None)
+        contract = hand_off() if hand_off is not None else None
+        self._rows_handed_off = contract is not None
+        return ProcessWriteback(
+            WritebackSettings(
+                num_encode_workers=limits.num_encode_workers,
+                num_write_workers=limits.num_write_workers,
+                spill_above_bytes=limits.spill_above_bytes,
+                spill_dir=limits.spill_dir,
+                nice=limits.writeback_nice,
+                cpus=limits.writeback_cpus,
+                contract=contract,
+            ),
+            on_fatal=self._writeback_lost,
+        )
+
+    def _writeback_lost(self, err: BaseException) -> None:
+        """The write-back process died: no unit here can finish, as if the engine had."""
+        with self._cond:
+            if self._stopping:
+                return
+            self._fatal = err
+            self._release_hunger(False)
+        if self.on_fatal is not None:
+            self.on_fatal(err)
 
     # ------------------------------------------------------------------ caller side
 
@@ -175,6 +221,8 @@ class EngineFeeder:
             self._cond.notify()
         self._thread.join(timeout=60)
         self.writeback.close()
+        if self._rows_handed_off:  # the backend may serve another feeder after this one
+            self.backend.hand_off_rows(False)
         err = RuntimeError("the feeder was closed before the unit finished")
         for future in list(self._futures.values()):
             if not future.done():
@@ -277,13 +325,23 @@ class EngineFeeder:
         job, cost = self._owner.pop(result.request_id)
         self._reserved -= cost
         sample, follow_ups = job.on_result(result)
-        if isinstance(sample, DeferredSample):
-            # Rows held until a worker builds the tensors: what the request reserved.
+        sid = result.request_id
+        if sample is not None:
+            # A deferred or spooled sample holds its rows until a worker builds the
+            # tensors: T x bytes per token; a built one, its tensors' bytes.
+            unbuilt = isinstance(sample, DeferredSample | SpooledSample)
             self.writeback.add(
-                job, sample, nbytes=sample.num_tokens * self.backend.capture_bytes_per_token
+                job.unit.unit_id,
+                sample,
+                provenance=job.spec.provenance,
+                where=job.locations.get(sid, sid),
+                source=job.sources.get(sid, ""),
+                nbytes=sample.num_tokens * self.backend.capture_bytes_per_token
+                if unbuilt
+                else None,
             )
-        elif sample is not None:
-            self.writeback.add(job, sample)
+        elif self._rows_handed_off and isinstance(result, SpooledCapture | RequestFailure):
+            self.writeback.discard(sid)  # its rows in the spool become nobody's sample
         for request in follow_ups:
             self._push(job, request, -1)  # a next turn goes ahead of its unit's first turns
         if job.done:
@@ -293,11 +351,22 @@ class EngineFeeder:
         key = id(job)
         future = self._futures.pop(key)
         self._seq.pop(key, None)
+        spec = job.spec
 
-        def done(result: UnitResult | None, error: BaseException | None) -> None:
+        def done(written: UnitWritten | None, error: BaseException | None) -> None:
             if error is not None:
                 future.set_exception(error)
-            else:
-                future.set_result(result)
+                return
+            result = job.result
+            for sid, record in written.row_errors:  # counted as samples when they returned
+                prompt_tokens, generated_tokens = job.token_counts[sid]
+                result.errors.append(record)
+                result.num_samples -= 1
+                result.num_prompt_tokens -= prompt_tokens
+                result.num_generated_tokens -= generated_tokens
+            result.shard = written.shard
+            result.seconds = time.monotonic() - job.started
+            future.set_result(result)
 
-        self.writeback.finish(job, done)
+        target = ShardTarget(spec.dataset_uri, spec.endpoint_url, spec.provenance)
+        self.writeback.finish(job.unit.unit_id, target, list(job.result.errors), done)

@@ -46,12 +46,15 @@ class RegenerateReplica:
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started
+        # The write-back process may use every CPU this replica was given: at a
+        # lower priority it takes only what the engine leaves (config.py).
+        all_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         # Before the feeder exists: its thread and pools inherit this thread's CPUs.
         self.host_cpus = isolate_host_work() if regenerate.isolate_engine_cpus else None
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )
-        self.limits = feed_limits(regenerate, self.backend)
+        self.limits = feed_limits(regenerate, self.backend, writeback_cpus=all_cpus)
         self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
         self.max_units = regenerate.max_units_in_flight(self.limits.max_requests_in_flight)
         self.feeder = EngineFeeder(self.backend, tokenizer, self.limits, on_fatal=_exit_process)
@@ -87,6 +90,7 @@ class RegenerateReplica:
             "encode_seconds": wb.encode_seconds,
             "encoded_bytes": wb.encoded_bytes,
             "spilled_bytes": wb.spilled_bytes,
+            "writeback": self.limits.writeback,
             "writeback_peak_bytes": wb.peak_nbytes,
             "max_capture_bytes": self.limits.max_capture_bytes,
             "units_wanted": self.units_wanted,
@@ -100,7 +104,12 @@ class RegenerateReplica:
         self.backend.close()
 
 
-def feed_limits(regenerate: RegenerateConfig, backend: StreamingBackend) -> FeedLimits:
+def feed_limits(
+    regenerate: RegenerateConfig,
+    backend: StreamingBackend,
+    *,
+    writeback_cpus: frozenset[int] | None = None,
+) -> FeedLimits:
     """The feeder's limits for a backend under a regeneration config."""
     return FeedLimits(
         max_requests_in_flight=regenerate.requests_in_flight(backend.max_concurrency),
@@ -110,6 +119,9 @@ def feed_limits(regenerate: RegenerateConfig, backend: StreamingBackend) -> Feed
         # Half the bound for encoded rows in memory; the rest of a unit waits on disk.
         spill_above_bytes=(regenerate.max_capture_memory_mb << 20) // 2,
         spill_dir=regenerate.spill_dir,
+        writeback=regenerate.writeback,
+        writeback_nice=regenerate.writeback_nice,
+        writeback_cpus=writeback_cpus,
     )
 
 

@@ -40,6 +40,7 @@ from pipeline.targets.base import (
     PendingCapture,
     RequestFailure,
     Result,
+    SpooledCapture,
 )
 from pipeline.targets.config import GenerationConfig
 
@@ -95,6 +96,26 @@ class DeferredSample:
     build: Callable[[], Sample]
 
 
+@dataclass(frozen=True)
+class SpooledSample:
+    """A sample whose rows wait in the engine's spool: plain data, picklable.
+
+    The write-back process reads the rows (`capture_rows.SpoolRows`) and
+    builds the sample with `captured_sample`.
+    """
+
+    sample_id: str
+    source: str
+    domain: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
 class UnitJob:
     """The conversations of one unit, turn by turn (see the module docstring)."""
 
@@ -132,30 +153,41 @@ class UnitJob:
 
     def on_result(
         self, result: Result
-    ) -> tuple[Sample | DeferredSample | None, list[GenerationRequest]]:
+    ) -> tuple[Sample | DeferredSample | SpooledSample | None, list[GenerationRequest]]:
         """The row a finished request becomes (None if it failed) and the requests that follow.
 
         A `PendingCapture` becomes a `DeferredSample`: its tensors are built by
-        whoever runs `build()` (the write-back's workers), not here.
+        whoever runs `build()` (the write-back's workers), not here; a
+        `SpooledCapture` becomes a `SpooledSample`, built by the write-back
+        process from the spool.
         """
         conv, turn = self._in_flight.pop(result.request_id)
         where = f"{conv.location} answer {turn}"
         if isinstance(result, RequestFailure):
             self._fail(conv, turn, result.reason, result.detail)
             return None, []
-        if not isinstance(result, CapturedGeneration | PendingCapture):
+        if not isinstance(result, CapturedGeneration | PendingCapture | SpooledCapture):
             raise TypeError(f"{where}: expected a captured generation, got {type(result).__name__}")
         if not result.output_ids:
             self._fail(conv, turn, "empty_answer", "the target produced no tokens")
             return None, []
-        if isinstance(result, PendingCapture):
+        if isinstance(result, SpooledCapture):
+            sample = SpooledSample(
+                result.request_id,
+                conv.source,
+                conv.domain,
+                result.prompt_ids,
+                result.output_ids,
+                result.finish_reason,
+            )
+        elif isinstance(result, PendingCapture):
             sample = DeferredSample(
                 result.request_id,
                 len(result.prompt_ids) + len(result.output_ids),
                 functools.partial(self._build, conv, result),
             )
         else:
-            sample = self._sample(conv, result)
+            sample = captured_sample(result, conv.source, conv.domain)
         self.token_counts[result.request_id] = (len(result.prompt_ids), len(result.output_ids))
         res = self.result
         res.num_samples += 1
@@ -214,25 +246,27 @@ class UnitJob:
             )
 
     def _build(self, conv: Conversation, pending: PendingCapture) -> Sample:
-        return self._sample(conv, pending.materialize())
+        return captured_sample(pending.materialize(), conv.source, conv.domain)
 
-    def _sample(self, conv: Conversation, cap: CapturedGeneration) -> Sample:
-        import torch
 
-        from pipeline.shards.writer import Sample
+def captured_sample(cap: CapturedGeneration, source: str, domain: str) -> Sample:
+    """The shard row of one captured answer: tokens, loss mask, bf16 tensors, facts."""
+    import torch
 
-        row = assemble_row(cap.prompt_ids, cap.output_ids)
-        return Sample(
-            sample_id=cap.request_id,
-            source=conv.source,
-            domain=conv.domain,
-            input_ids=torch.tensor(row.input_ids, dtype=torch.int32),
-            loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
-            # Shards store bf16 (schema v1); a float32 reference target rounds
-            # here, a bf16 engine's tensors pass unchanged.
-            hidden_states=cap.hidden_states.to(torch.bfloat16),
-            last_hidden_state=cap.last_hidden_state.to(torch.bfloat16),
-            finish_reason=cap.finish_reason,
-            num_prompt_tokens=row.num_prompt_tokens,
-            num_generated_tokens=row.num_generated_tokens,
-        )
+    from pipeline.shards.writer import Sample
+
+    row = assemble_row(cap.prompt_ids, cap.output_ids)
+    return Sample(
+        sample_id=cap.request_id,
+        source=source,
+        domain=domain,
+        input_ids=torch.tensor(row.input_ids, dtype=torch.int32),
+        loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
+        # Shards store bf16 (schema v1); a float32 reference target rounds
+        # here, a bf16 engine's tensors pass unchanged.
+        hidden_states=cap.hidden_states.to(torch.bfloat16),
+        last_hidden_state=cap.last_hidden_state.to(torch.bfloat16),
+        finish_reason=cap.finish_reason,
+        num_prompt_tokens=row.num_prompt_tokens,
+        num_generated_tokens=row.num_generated_tokens,
+    )

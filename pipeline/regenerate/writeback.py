@@ -1,19 +1,23 @@
 """Shard writing off the engine's path: encode samples in workers, write each unit when complete.
 
-Samples arrive from the feeder as requests finish, in any order and from
-many units at once. Each is encoded (codec, validation) in an encode worker
-as it arrives; a unit's encoded rows wait here until its last sample is in,
-then a write worker puts the shard (Parquet, sha256, upload) in sample-id
-order, writes the unit's error records, and resolves the unit's future. The
-engine never waits for any of it.
+Samples arrive as requests finish, in any order and from many units at once.
+Each is built (tensors from the capture's rows) and encoded (codec,
+validation) in an encode worker as it arrives; a unit's encoded rows wait here
+until its last sample is in, then a write worker puts the shard (Parquet,
+sha256, upload) in sample-id order, writes the unit's error records, and
+reports what it wrote. The engine never waits for any of it.
 
-Threads, not processes: the codecs spend their time in zstd and numpy, both
-of which release the GIL (docs/capture.md has the measured encode MB/s per
-core), and rows stay in one address space without copies.
+`ShardWriteback` runs in the process that holds it, with threads: the codecs
+spend their time in zstd and numpy, both of which release the GIL
+(docs/capture.md has the measured encode MB/s per core). The replica hosts
+it in a separate, lower-priority process (`writeback_process.py`), so none
+of this work holds the engine thread's GIL or takes a CPU the engine wants.
+There it reads the engine's spool itself (`SpooledSample`, `SpoolRows`) and
+keeps its counters in shared memory (`Ledger`).
 
-`nbytes` is what is held for samples the feeder handed over and whose shard
-is not written yet (raw tensors queued for encoding, then encoded rows); the
-feeder adds it to its own in-flight reservations to bound captured memory.
+`nbytes` is what is held for samples handed over and whose shard is not
+written yet (raw tensors queued for encoding, then encoded rows); the feeder
+adds it to its own in-flight reservations to bound captured memory.
 """
 
 from __future__ import annotations
@@ -21,18 +25,74 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
 from pipeline.regenerate.spill import SpillFile
 
 if TYPE_CHECKING:
-    from pipeline.regenerate.unit import DeferredSample, UnitJob, UnitResult
-    from pipeline.shards.writer import Sample
+    from pipeline.corpus.records import RowError
+    from pipeline.regenerate.unit import DeferredSample, SpooledSample
+    from pipeline.shards.schema import Provenance
+    from pipeline.shards.writer import Sample, ShardInfo
+    from pipeline.targets.capture_rows import SpoolRows
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardTarget:
+    """Where a unit's shard goes (the same for every unit of a run)."""
+
+    dataset_uri: str
+    endpoint_url: str | None
+    provenance: Provenance
+
+
+@dataclass
+class UnitWritten:
+    """A unit's shard, and the samples that became error records on the way (by sample id)."""
+
+    shard: ShardInfo
+    row_errors: list[tuple[str, RowError]] = field(default_factory=list)
+
+
+Done = Callable[[UnitWritten | None, BaseException | None], None]
+
+LEDGER_FIELDS = (
+    "nbytes",  # held now: raw rows queued for encoding + encoded rows in memory
+    "peak_nbytes",
+    "encode_seconds",  # summed over workers
+    "encoded_bytes",  # raw tensor bytes encoded
+    "spilled_bytes",  # encoded bytes that went to spill files
+    "received_bytes",  # raw bytes of every sample ever added (the feeder's in-transit count)
+)
+_SLOT = {name: i for i, name in enumerate(LEDGER_FIELDS)}
+
+
+class Ledger:
+    """The write-back's counters: a list, or a shared `multiprocessing.RawArray('d')`.
+
+    Only the write-back writes them (under its lock); another process may
+    read them at any time (an aligned double is read whole).
+    """
+
+    def __init__(self, values: Any = None) -> None:
+        self.values = values if values is not None else [0.0] * len(LEDGER_FIELDS)
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[_SLOT[name]]
+
+    def add(self, name: str, delta: float) -> None:
+        self.values[_SLOT[name]] += delta
+
+    def raise_to(self, name: str, value: float) -> None:
+        slot = _SLOT[name]
+        if value > self.values[slot]:
+            self.values[slot] = value
 
 
 class _Spilled:
@@ -50,7 +110,11 @@ def sample_nbytes(sample: Sample) -> int:
 
 
 class ShardWriteback:
-    """Background encoding and shard writing for the units of one replica."""
+    """Background building, encoding and shard writing for the units of one replica.
+
+    `rows`: the engine's spool, for `SpooledSample`s (their rows are taken
+    on the calling thread, so call `add` and `discard` from one thread).
+    """
 
     def __init__(
         self,
@@ -59,6 +123,8 @@ class ShardWriteback:
         num_write_workers: int = 1,
         spill_above_bytes: int | None = None,
         spill_dir: str | None = None,
+        rows: SpoolRows | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         if num_encode_workers < 1 or num_write_workers < 1:
             raise ValueError("num_encode_workers and num_write_workers must be >= 1")
@@ -66,50 +132,84 @@ class ShardWriteback:
         # to their unit's spill file on local disk (spill.py); None: never.
         self.spill_above_bytes = spill_above_bytes
         self.spill_dir = spill_dir
+        self.rows = rows
+        self.ledger = ledger or Ledger()
         self._spills: dict[str, SpillFile] = {}
-        self.spilled_bytes = 0
         self._encode = ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
         self._write = ThreadPoolExecutor(num_write_workers, thread_name_prefix="write")
         # unit id -> (sample id, its encoded row or error record)
         self._rows: dict[str, list[tuple[str, Future]]] = {}
         self._lock = threading.Lock()
-        self.nbytes = 0
-        self.peak_nbytes = 0
-        self.encode_seconds = 0.0  # summed over workers
-        self.encoded_bytes = 0  # raw tensor bytes encoded
+
+    # Counters, read by the feeder, the replica's stats and the tests.
+    nbytes = property(lambda self: int(self.ledger["nbytes"]))
+    peak_nbytes = property(lambda self: int(self.ledger["peak_nbytes"]))
+    encode_seconds = property(lambda self: self.ledger["encode_seconds"])
+    encoded_bytes = property(lambda self: int(self.ledger["encoded_bytes"]))
+    spilled_bytes = property(lambda self: int(self.ledger["spilled_bytes"]))
 
     def _account(self, delta: int) -> None:
         with self._lock:
-            self.nbytes += delta
-            self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+            self.ledger.add("nbytes", delta)
+            self.ledger.raise_to("peak_nbytes", self.ledger["nbytes"])
 
     def add(
-        self, job: UnitJob, sample: Sample | DeferredSample, *, nbytes: int | None = None
+        self,
+        unit_id: str,
+        sample: Sample | DeferredSample | SpooledSample,
+        *,
+        provenance: Provenance,
+        where: str,
+        source: str,
+        nbytes: int | None = None,
     ) -> None:
-        """Queue one sample of `job`'s unit for building (if deferred) and encoding.
+        """Queue one sample of `unit_id` for building (unless built) and encoding.
 
-        `nbytes`: what a deferred sample holds until built (its captured rows).
+        `nbytes`: what a deferred or spooled sample holds until built (its
+        captured rows); `where`/`source` name it in an error record.
         """
-        raw = sample_nbytes(sample) if nbytes is None else nbytes
-        self._account(raw)
-        future = self._encode.submit(self._encode_one, job, sample, raw)
-        self._rows.setdefault(job.unit.unit_id, []).append((sample.sample_id, future))
+        from pipeline.regenerate.unit import SpooledSample
 
-    def _encode_one(self, job: UnitJob, sample, raw: int):
+        raw = sample_nbytes(sample) if nbytes is None else nbytes
+        parts = None
+        if isinstance(sample, SpooledSample):
+            if self.rows is None:
+                raise TypeError("a spooled sample needs the write-back's spool rows")
+            parts = self.rows.take(sample.sample_id)
+        self._account(raw)
+        with self._lock:
+            self.ledger.add("received_bytes", raw)
+        future = self._encode.submit(
+            self._encode_one, unit_id, sample, parts, provenance, where, source, raw
+        )
+        self._rows.setdefault(unit_id, []).append((sample.sample_id, future))
+
+    def discard(self, request_id: str) -> None:
+        """A finished request that becomes no sample: drop its rows from the spool."""
+        if self.rows is not None:
+            self.rows.discard(request_id)
+
+    def _encode_one(self, unit_id: str, sample, parts, provenance, where: str, source: str, raw):
         """The encoded row, or the row's error record when it cannot be built or validated."""
         from pipeline.corpus.records import RowError
-        from pipeline.regenerate.unit import DeferredSample
+        from pipeline.regenerate.unit import DeferredSample, SpooledSample, captured_sample
         from pipeline.shards.codecs import get_codec
         from pipeline.shards.writer import encode_sample
+        from pipeline.targets.base import Generation
 
         started = time.perf_counter()
-        prov = job.spec.provenance
-        where = job.locations.get(sample.sample_id, sample.sample_id)
-        source = job.sources.get(sample.sample_id, "")
         try:
             if isinstance(sample, DeferredSample):
                 sample = sample.build()
-            row = encode_sample(sample, prov, get_codec(prov.codec), shard=job.unit.unit_id)
+            elif isinstance(sample, SpooledSample):
+                if not parts:
+                    raise RuntimeError(f"capture {sample.sample_id!r}: no hidden states captured")
+                gen = Generation(
+                    sample.sample_id, sample.prompt_ids, sample.output_ids, sample.finish_reason
+                )
+                cap = self.rows.layout.to_captured(gen, parts)
+                sample = captured_sample(cap, sample.source, sample.domain)
+            row = encode_sample(sample, provenance, get_codec(provenance.codec), shard=unit_id)
         except RuntimeError as err:  # the engine left positions of this request unwritten
             return RowError(source, where, "capture_incomplete", str(err))
         except (TypeError, ValueError) as err:
@@ -117,73 +217,65 @@ class ShardWriteback:
         finally:
             self._account(-raw)
         with self._lock:
-            self.encode_seconds += time.perf_counter() - started
-            self.encoded_bytes += raw
+            self.ledger.add("encode_seconds", time.perf_counter() - started)
+            self.ledger.add("encoded_bytes", raw)
             spill = self.spill_above_bytes is not None and self.nbytes > self.spill_above_bytes
             if spill:
-                unit_id = job.unit.unit_id
                 if unit_id not in self._spills:
                     self._spills[unit_id] = SpillFile(self.spill_dir, unit_id)
                 target = self._spills[unit_id]
         if spill:
             target.append(row)
             with self._lock:
-                self.spilled_bytes += row.nbytes
+                self.ledger.add("spilled_bytes", row.nbytes)
             return _Spilled(row.sample_id)
         self._account(row.nbytes)
         return row
 
     def finish(
-        self, job: UnitJob, done: Callable[[UnitResult | None, BaseException | None], None]
+        self, unit_id: str, target: ShardTarget, errors: Sequence[RowError], done: Done
     ) -> None:
-        """Write `job`'s shard once its rows are encoded; then `done(result, error)`."""
-        rows = self._rows.pop(job.unit.unit_id, [])
-        self._write.submit(self._write_unit, job, rows, done)
+        """Write `unit_id`'s shard once its rows are encoded, with the unit's `errors`
+        (and its rows' own) as its error records; then `done(written, error)`."""
+        rows = self._rows.pop(unit_id, [])
+        self._write.submit(self._write_unit, unit_id, target, list(errors), rows, done)
 
-    def _write_unit(self, job: UnitJob, rows, done) -> None:
+    def _write_unit(self, unit_id: str, target: ShardTarget, errors, rows, done: Done) -> None:
         from pipeline.corpus.records import RowError
         from pipeline.shards.manifest import Dataset
 
-        spec, result = job.spec, job.result
         held = 0
         spill = None
         try:
-            encoded = []
+            encoded, row_errors = [], []
             resolved = [(sid, future.result()) for sid, future in rows]
             with self._lock:  # every row of the unit is encoded (or spilled) by now
-                spill = self._spills.pop(job.unit.unit_id, None)
+                spill = self._spills.pop(unit_id, None)
             for sid, row in resolved:
-                if isinstance(row, _Spilled):
-                    encoded.append((sid, row))
-                    continue
                 if isinstance(row, RowError):
-                    result.errors.append(row)
-                    prompt_tokens, generated_tokens = job.token_counts[sid]
-                    result.num_samples -= 1
-                    result.num_prompt_tokens -= prompt_tokens
-                    result.num_generated_tokens -= generated_tokens
+                    row_errors.append((sid, row))
                     continue
-                held += row.nbytes
+                if not isinstance(row, _Spilled):
+                    held += row.nbytes
                 encoded.append((sid, row))
             encoded.sort(key=lambda r: r[0])
-            dataset = Dataset.open(spec.dataset_uri, endpoint_url=spec.endpoint_url)
+            dataset = Dataset.open(target.dataset_uri, endpoint_url=target.endpoint_url)
             # A unit whose every answer failed still gets its (zero-row) shard, so
             # it counts as done and a rerun does not redo it.
-            with dataset.writer(job.unit.unit_id, spec.provenance) as writer:
+            with dataset.writer(unit_id, target.provenance) as writer:
                 for sid, row in encoded:
                     writer.write_encoded(spill.read(sid) if isinstance(row, _Spilled) else row)
-            result.shard = writer.info
-            dataset.write_errors(job.unit.unit_id, result.errors)
-            result.seconds = time.monotonic() - job.started
+            dataset.write_errors(unit_id, [*errors, *(e for _, e in row_errors)])
+            written = UnitWritten(writer.info, row_errors)
         except BaseException as err:
-            log.error("shard write failed %s", kv(unit=job.unit.unit_id, error=repr(err)))
+            log.error("shard write failed %s", kv(unit=unit_id, error=repr(err)))
             done(None, err)
             return
         finally:
             self._account(-held)  # rows that failed to encode were never counted
             if spill is not None:
                 spill.close()
-        done(result, None)
+        done(written, None)
 
     def close(self) -> None:
         self._encode.shutdown(wait=True, cancel_futures=True)

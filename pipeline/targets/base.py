@@ -74,6 +74,22 @@ class PendingCapture:
 
 
 @dataclass(frozen=True)
+class SpooledCapture:
+    """A finished request whose captured rows stay in the engine's spool.
+
+    What a backend returns once its rows were handed off
+    (`VLLMTarget.hand_off_rows`): the tokens are final, and whoever holds the
+    capture contract reads the rows and builds the tensors
+    (`capture_rows.SpoolRows`), in another process if it likes.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+
+
+@dataclass(frozen=True)
 class RequestFailure:
     """A request the backend could not complete (e.g. its capture was incomplete)."""
 
@@ -82,7 +98,7 @@ class RequestFailure:
     detail: str
 
 
-Result = Generation | CapturedGeneration | PendingCapture | RequestFailure
+Result = Generation | CapturedGeneration | PendingCapture | SpooledCapture | RequestFailure
 
 
 class StreamingBackend(Protocol):
@@ -107,7 +123,8 @@ class StreamingBackend(Protocol):
     def poll(self, *, defer: bool = False) -> list[Result]:
         """Advance the engine; the requests that finished (any order).
 
-        `defer=True` may return `PendingCapture`s instead of built captures.
+        `defer=True` may return `PendingCapture`s instead of built captures; a
+        backend whose rows were handed off returns `SpooledCapture`s.
         """
         ...
 

@@ -31,9 +31,11 @@ from pipeline.targets.base import (
     PendingCapture,
     RequestFailure,
     Result,
+    SpooledCapture,
     request_seed,
     run_all,
 )
+from pipeline.targets.capture_rows import CaptureContract, RowLayout
 from pipeline.targets.config import GenerationConfig, TargetConfig
 
 log = logging.getLogger(__name__)
@@ -91,8 +93,14 @@ class VLLMTarget:
             (len(self.aux_layer_ids) + 1) * self.hidden_size * getattr(torch, config.dtype).itemsize
         )
         self.dtype = getattr(torch, config.dtype)
-        norm_weight, self.norm_eps = capture.load_final_norm(model_dir, config.revision)
-        self.norm_weight = norm_weight.to(self.dtype)
+        norm_weight, norm_eps = capture.load_final_norm(model_dir, config.revision)
+        self.layout = RowLayout(
+            len(self.aux_layer_ids),
+            self.hidden_size,
+            config.dtype,
+            norm_weight.to(self.dtype),
+            norm_eps,
+        )
         for key in ("speculative_config", "kv_transfer_config", "worker_cls", "additional_config"):
             if key in kwargs:
                 raise ValueError(
@@ -115,7 +123,7 @@ class VLLMTarget:
                 "DSPARK_CAPTURE_TRANSPORT=inprocess needs VLLM_ENABLE_V1_MULTIPROCESSING=0 and "
                 "tensor_parallel_size 1 (the worker must run in this process); use 'spool'"
             )
-        sink = capture.SinkSpec(transport, self.spool_dir)
+        sink = self.sink = capture.SinkSpec(transport, self.spool_dir)
         # Aux id L (the last layer's output, before the final norm) gives the
         # final hidden state once the norm is applied here.
         engine_aux_ids = [*self.aux_layer_ids, num_layers]
@@ -127,7 +135,25 @@ class VLLMTarget:
             kwargs["kv_transfer_config"] = capture.kv_transfer_config(transport, self.spool_dir)
         self.reader = capture.CaptureReader(sink)
         self.assembler = capture.CaptureAssembler()
+        self._rows_handed_off = False
         _export_package_path()
+
+    def hand_off_rows(self, enabled: bool = True) -> CaptureContract | None:
+        """From now on `poll` leaves captured rows in the spool and returns `SpooledCapture`s.
+
+        The returned contract lets another process (the replica's write-back)
+        read the spool and build the tensors itself, so the engine owner's
+        process never touches the captured bytes. None (and no change) when
+        rows cannot cross processes: no capture, or the in-process transport.
+        `enabled=False` takes them back (the reader must be done with the spool).
+        """
+        if not enabled:
+            self._rows_handed_off = False
+            return None
+        if not self.capture or self.sink.transport != "spool":
+            return None
+        self._rows_handed_off = True
+        return CaptureContract(self.sink, self.layout)
 
     def sampling_params(
         self,
@@ -195,7 +221,8 @@ class VLLMTarget:
         finished = [o for o in self.llm.llm_engine.step() if o.finished]
         if not finished:
             return []
-        if any(self._in_flight[o.request_id][1] for o in finished):
+        handed_off = self._rows_handed_off
+        if not handed_off and any(self._in_flight[o.request_id][1] for o in finished):
             self.assembler.add(self.reader.take_chunks())
         results: list[Result] = []
         for out in finished:
@@ -215,6 +242,13 @@ class VLLMTarget:
                     echoed = (out.kv_transfer_params or {}).get("capture_key")
                     if echoed != gen.request_id:
                         raise RuntimeError(f"the output echoes capture key {echoed!r}")
+                if handed_off:  # whoever holds the contract reads the rows (hand_off_rows)
+                    results.append(
+                        SpooledCapture(
+                            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason
+                        )
+                    )
+                    continue
                 parts = self.assembler.take_parts(gen.request_id)
                 if not parts:
                     raise RuntimeError("no hidden states were captured")
@@ -225,13 +259,14 @@ class VLLMTarget:
                             gen.prompt_ids,
                             gen.output_ids,
                             gen.finish_reason,
-                            functools.partial(self._to_captured, gen, parts),
+                            functools.partial(self.layout.to_captured, gen, parts),
                         )
                     )
                 else:
-                    results.append(self._to_captured(gen, parts))
+                    results.append(self.layout.to_captured(gen, parts))
             except RuntimeError as err:
-                self.assembler.discard(gen.request_id)
+                if not handed_off:
+                    self.assembler.discard(gen.request_id)
                 results.append(RequestFailure(gen.request_id, "capture_incomplete", str(err)))
         return results
 
@@ -255,52 +290,6 @@ class VLLMTarget:
             )
         return run_all(self, requests, params, capture=True)
 
-    def _to_captured(self, gen: Generation, parts) -> CapturedGeneration:
-        """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe).
-
-        Pieces `(start, rows (n, k+1, H))` arrive in step order (a later one
-        overwrites an earlier one at the same position) and go straight into
-        the output tensors: one copy of the captured bytes, not three.
-        """
-        import torch
-
-        from pipeline.targets.capture import rms_norm
-
-        num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
-        fed = num_tokens - 1  # the last sampled token is never fed
-        k, width = len(self.aux_layer_ids), self.hidden_size
-        hidden = torch.empty(num_tokens, k * width, dtype=self.dtype)
-        hidden[fed:] = 0
-        streams = hidden[:fed].view(fed, k, width)
-        tiled = _tiled(parts, fed)
-        if tiled is not None:
-            # The common case (no preemption, no rewrite): the pieces cover 0..fed
-            # in order, so one concatenation replaces a copy per engine step.
-            rows = torch.cat(tiled)
-            streams.copy_(rows[:, :k])
-            final = rows[:, k]
-        else:
-            final = torch.empty(fed, width, dtype=self.dtype)
-            written = torch.zeros(fed, dtype=torch.bool)
-            for start, rows in parts:
-                stop = min(start + rows.shape[0], fed)
-                if stop <= start:
-                    continue  # a throw-away draft row past the last fed token
-                streams[start:stop] = rows[: stop - start, :k]
-                final[start:stop] = rows[: stop - start, k]
-                written[start:stop] = True
-            if not bool(written.all()):
-                missing = (~written).nonzero().flatten()[:8].tolist()
-                raise RuntimeError(
-                    f"capture {gen.request_id!r}: positions never written: {missing}"
-                )
-        last = torch.empty(num_tokens, width, dtype=self.dtype)
-        last[fed:] = 0
-        last[:fed] = rms_norm(final, self.norm_weight, self.norm_eps)
-        return CapturedGeneration(
-            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
-        )
-
     def close(self) -> None:
         import gc
 
@@ -308,26 +297,6 @@ class VLLMTarget:
         gc.collect()
         if self.capture:
             self._cleanup()
-
-
-def _tiled(parts, fed: int):
-    """The pieces' rows for positions 0..fed, if they tile them in order exactly once (else None).
-
-    Rows past `fed` (a throw-away draft row) are cut; any gap, overlap or
-    out-of-order piece returns None and the caller takes the general path.
-    """
-    out, at = [], 0
-    for start, rows in parts:
-        if at >= fed:
-            if start < fed:
-                return None  # a later piece rewrites a position
-            continue
-        if start != at:
-            return None
-        n = min(rows.shape[0], fed - at)
-        out.append(rows[:n] if n < rows.shape[0] else rows)
-        at += n
-    return out if at == fed else None
 
 
 def _export_package_path() -> None:

@@ -37,7 +37,15 @@ def test_ten_percent_of_storage_calls_fail(s3_uri, moto_endpoint, monkeypatch, c
     landed, half of the failed reads mid-body), beneath the production retry policy."""
     caplog.set_level(logging.WARNING, logger="pipeline.storage")
     timer = Timer()
-    config = run_config(s3_uri, endpoint_url=moto_endpoint, num_conversations=48, num_buckets=12)
+    # The faults are injected into this process's storage, so the shards are written here
+    # too (the write-back's threads mode; its process mode would write from a child).
+    config = run_config(
+        s3_uri,
+        endpoint_url=moto_endpoint,
+        num_conversations=48,
+        num_buckets=12,
+        writeback="threads",
+    )
     expected = expected_ids(config)
     faults = Faults(rate=0.1, seed=7)
     install_faults(monkeypatch, faults)

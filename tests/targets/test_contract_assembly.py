@@ -1,4 +1,4 @@
-"""Engine row pieces -> the contract's tensors (`VLLMTarget._to_captured`), without an engine.
+"""Engine row pieces -> the contract's tensors (`RowLayout.to_captured`), without an engine.
 
 The fast path (one concatenation when the pieces tile the fed positions in
 order) must give exactly what the general path (a copy per piece, later
@@ -7,23 +7,21 @@ pieces win) gives, and must step aside for every other layout.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 from pipeline.targets.base import Generation
 from pipeline.targets.capture import rms_norm
-from pipeline.targets.vllm_backend import VLLMTarget, _tiled
+from pipeline.targets.capture_rows import RowLayout, _tiled
 
 K, H = 3, 16
 
 
-def _target():
-    return types.SimpleNamespace(
-        aux_layer_ids=(1, 2, 3),
+def _target() -> RowLayout:
+    return RowLayout(
+        num_aux=K,
         hidden_size=H,
-        dtype=torch.bfloat16,
+        dtype="bfloat16",
         norm_weight=torch.linspace(0.5, 1.5, H).to(torch.bfloat16),
         norm_eps=1e-6,
     )
@@ -73,7 +71,7 @@ LAYOUTS = {
 def test_every_layout_gives_the_reference_tensors(layout):
     parts = LAYOUTS[layout]()
     gen = _gen(7, 5)
-    cap = VLLMTarget._to_captured(_target(), gen, parts)
+    cap = _target().to_captured(gen, parts)
     hidden, last = _reference(parts, 12)
     assert torch.equal(cap.hidden_states, hidden)
     assert torch.equal(cap.last_hidden_state, last)
@@ -91,4 +89,4 @@ def test_fast_path_taken_only_for_in_order_tiles():
 def test_a_position_never_written_is_an_error():
     parts = [(0, _rows(4, 0)), (6, _rows(6, 1))]  # positions 4 and 5 missing
     with pytest.raises(RuntimeError, match=r"positions never written: \[4, 5\]"):
-        VLLMTarget._to_captured(_target(), _gen(7, 5), parts)
+        _target().to_captured(_gen(7, 5), parts)

@@ -1,0 +1,342 @@
+"""The replica's write-back in a process of its own, at a lower CPU priority than the engine.
+
+Why a process: building, encoding and writing a sample is CPU work that the
+replica does for every request, and the engine loop (`feeder.py`) is on the
+critical path of every engine step. As threads of the replica, that work
+shared the engine thread's GIL: each time the engine thread gave the GIL up
+around an engine call, a write-back thread could keep it for a switch
+interval, and a lowered thread priority turned that into priority
+inversion. As a process, it holds no lock the engine thread wants, and the
+kernel schedules it below the engine's processes (`nice`), on any CPU, so it
+runs on the cycles they leave: the engine-core and model-worker processes
+spin-wait with `sched_yield` between steps (docs/capture.md has the
+measurements).
+
+The engine's process never touches the captured bytes: the backend hands the
+capture spool over (`VLLMTarget.hand_off_rows`), and this process reads the
+spool files itself (`SpoolRows`) when it is told a request finished. What
+crosses the pipe is small: per sample its ids and tokens; per unit its
+error records and, back, its `ShardInfo`. Samples built elsewhere (a
+backend without a spool, such as the transformers reference) cross with
+their tensors.
+
+Memory: the write-back's counters live in shared memory (`Ledger`), so the
+feeder reads what is held there without asking; bytes sent and not yet
+counted there are in transit, and count too. The child exits once the replica is
+gone (it watches its parent), so a SIGKILLed replica leaves no writer behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.logs import kv
+from pipeline.regenerate.writeback import LEDGER_FIELDS, Done, Ledger, ShardTarget
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from pipeline.corpus.records import RowError
+    from pipeline.shards.schema import Provenance
+    from pipeline.targets.capture_rows import CaptureContract
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WritebackSettings:
+    """How the write-back process runs (all picklable: they cross to the child)."""
+
+    num_encode_workers: int = 2
+    num_write_workers: int = 1
+    spill_above_bytes: int | None = None
+    spill_dir: str | None = None
+    # Added to the child's nice value: the engine's processes win every CPU they want.
+    nice: int = 10
+    # CPUs the child may run on (None: the parent's); the replica passes every CPU
+    # it was given, the model workers' included, since the child only takes idle time.
+    cpus: frozenset[int] | None = None
+    contract: CaptureContract | None = None  # the engine's spool (None: samples come built)
+
+
+class WritebackFailed(RuntimeError):
+    """The write-back process died or broke: no unit in it can finish."""
+
+
+class ProcessWriteback:
+    """A `ShardWriteback` in a child process, with the same interface (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: WritebackSettings,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        ctx = mp.get_context("spawn")  # no fork of a process that holds an engine and threads
+        self._ledger = Ledger(ctx.RawArray("d", len(LEDGER_FIELDS)))
+        # To the child: a Queue, whose put never blocks the engine thread (a thread of
+        # this process writes the pipe). Back: a one-way pipe this process only reads,
+        # so the child's death is an EOF here.
+        self._to_child = ctx.Queue()
+        self._to_child.cancel_join_thread()  # never hang this process's exit on a dead child
+        self._from_child, writer = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=_child_main,
+            args=(settings, self._ledger.values, self._to_child, writer, os.getpid()),
+            name="dspark-writeback",
+            daemon=True,
+        )
+        self._process.start()
+        writer.close()
+        self._sent_bytes = 0  # raw bytes of every sample sent to the child
+        self._opened: set[str] = set()  # units whose provenance the child has
+        self._done: dict[str, Done] = {}
+        self._done_lock = threading.Lock()
+        self._failed: BaseException | None = None
+        self._closing = False
+        self._on_fatal = on_fatal
+        self._listener = threading.Thread(
+            target=self._listen, name="writeback-results", daemon=True
+        )
+        self._listener.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def nbytes(self) -> int:
+        """Held in the child, plus sent and not yet counted there (read in that order: an
+        update between the two reads counts twice, never not at all)."""
+        received = self._ledger["received_bytes"]
+        held = self._ledger["nbytes"]
+        return int(held + (self._sent_bytes - received))
+
+    peak_nbytes = property(lambda self: int(self._ledger["peak_nbytes"]))
+    encode_seconds = property(lambda self: self._ledger["encode_seconds"])
+    encoded_bytes = property(lambda self: int(self._ledger["encoded_bytes"]))
+    spilled_bytes = property(lambda self: int(self._ledger["spilled_bytes"]))
+
+    # ------------------------------------------------------------------ the ShardWriteback interface
+
+    def add(
+        self,
+        unit_id: str,
+        sample,
+        *,
+        provenance: Provenance,
+        where: str,
+        source: str,
+        nbytes: int | None = None,
+    ) -> None:
+        from pipeline.regenerate.unit import DeferredSample
+        from pipeline.regenerate.writeback import sample_nbytes
+
+        if isinstance(sample, DeferredSample):  # its rows live in this process: build here
+            try:
+                sample = sample.build()
+            except RuntimeError as err:  # becomes the row's error record in the child
+                sample = _Failed(sample.sample_id, "capture_incomplete", str(err))
+        if isinstance(sample, _Failed):
+            raw = 0
+        else:
+            raw = sample_nbytes(sample) if nbytes is None else nbytes
+        if unit_id not in self._opened:
+            self._opened.add(unit_id)
+            self._send(("open", unit_id, provenance))
+        self._sent_bytes += raw
+        self._send(("add", unit_id, sample, where, source, raw))
+
+    def discard(self, request_id: str) -> None:
+        self._send(("discard", request_id))
+
+    def finish(
+        self, unit_id: str, target: ShardTarget, errors: Sequence[RowError], done: Done
+    ) -> None:
+        with self._done_lock:
+            if self._failed is not None:
+                done(None, self._failed)
+                return
+            self._done[unit_id] = done
+        self._opened.discard(unit_id)
+        self._send(("finish", unit_id, target, list(errors)))
+
+    def close(self) -> None:
+        """Stop the child (units not written fail); waits for it briefly, then kills it."""
+        self._closing = True
+        try:
+            self._send(("close",))
+        except (OSError, ValueError):  # the child is gone already
+            pass
+        self._process.join(timeout=60)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=10)
+        self._fail_all(WritebackFailed("the write-back was closed before the unit was written"))
+
+    # ------------------------------------------------------------------ internals
+
+    def _send(self, message: tuple) -> None:
+        if self._failed is not None:
+            raise self._failed
+        self._to_child.put(message)
+
+    def _listen(self) -> None:
+        """Unit results from the child, to their callbacks; a dead child fails them all."""
+        while True:
+            try:
+                message = self._from_child.recv()
+            except (EOFError, OSError) as err:
+                lost = WritebackFailed(
+                    f"the write-back process is gone (exit code {self._process.exitcode}, {err!r})"
+                )
+                self._fail_all(lost)
+                if not self._closing:
+                    log.error("write-back process lost %s", kv(error=repr(lost)))
+                    if self._on_fatal is not None:
+                        self._on_fatal(lost)
+                return
+            kind, unit_id, payload = message
+            if kind == "stopped":
+                return
+            with self._done_lock:
+                done = self._done.pop(unit_id, None)
+            if done is None:
+                continue
+            if kind == "written":
+                done(payload, None)
+            else:
+                done(None, _rebuilt(payload))
+
+    def _fail_all(self, err: BaseException) -> None:
+        with self._done_lock:
+            if self._failed is None:
+                self._failed = err
+            pending, self._done = self._done, {}
+        for done in pending.values():
+            done(None, err)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A sample that could not be built in the replica: becomes its error record in the child."""
+
+    sample_id: str
+    reason: str
+    detail: str
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, parent: int) -> None:
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    if settings.nice:
+        os.nice(settings.nice)
+    if settings.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, settings.cpus)
+    from pipeline.logs import setup_logging
+
+    setup_logging()
+    from pipeline.regenerate.writeback import ShardWriteback
+    from pipeline.targets.capture_rows import SpoolRows
+
+    writeback = ShardWriteback(
+        num_encode_workers=settings.num_encode_workers,
+        num_write_workers=settings.num_write_workers,
+        spill_above_bytes=settings.spill_above_bytes,
+        spill_dir=settings.spill_dir,
+        rows=SpoolRows(settings.contract) if settings.contract else None,
+        ledger=Ledger(ledger_values),
+    )
+    replies: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_replies, args=(replies, outbox), daemon=True)
+    sender.start()
+    provenance: dict[str, Any] = {}
+    failed: dict[str, list] = {}  # unit id -> error records of samples built badly upstream
+    try:
+        while True:
+            message = inbox.get()
+            kind = message[0]
+            if kind == "open":
+                provenance[message[1]] = message[2]
+            elif kind == "add":
+                _, unit_id, sample, where, source, raw = message
+                if isinstance(sample, _Failed):
+                    failed.setdefault(unit_id, []).append((sample, where, source))
+                    continue
+                writeback.add(
+                    unit_id,
+                    sample,
+                    provenance=provenance[unit_id],
+                    where=where,
+                    source=source,
+                    nbytes=raw,
+                )
+            elif kind == "discard":
+                writeback.discard(message[1])
+            elif kind == "finish":
+                _, unit_id, target, errors = message
+                provenance.pop(unit_id, None)
+                upstream = failed.pop(unit_id, [])
+
+                def done(written, error, unit_id=unit_id, upstream=upstream):
+                    if written is not None and upstream:
+                        from pipeline.corpus.records import RowError
+
+                        written.row_errors.extend(
+                            (s.sample_id, RowError(src, where, s.reason, s.detail))
+                            for s, where, src in upstream
+                        )
+                    replies.put(
+                        ("written", unit_id, written)
+                        if error is None
+                        else ("failed", unit_id, _portable(error))
+                    )
+
+                writeback.finish(unit_id, target, errors, done)
+            elif kind == "close":
+                break
+    finally:
+        writeback.close()
+        replies.put(("stopped", "", None))
+        sender.join(timeout=30)
+
+
+def _send_replies(replies: queue.SimpleQueue, outbox) -> None:
+    """One thread writes to the pipe, so callbacks from several write workers never interleave."""
+    while True:
+        message = replies.get()
+        outbox.send(message)
+        if message[0] == "stopped":
+            return
+
+
+def _portable(err: BaseException) -> tuple[bool, str]:
+    """An error as (transient, text): what the scheduler needs of it (it retries transient
+    ones), in a form that crosses the pipe whatever the error's class."""
+    from pipeline.storage import is_transient
+
+    return is_transient(err) or isinstance(err, TimeoutError), f"{type(err).__name__}: {err}"
+
+
+def _rebuilt(portable: tuple[bool, str]) -> BaseException:
+    transient, text = portable
+    return ConnectionError(text) if transient else WritebackFailed(text)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit once the replica is gone (SIGKILLed: nothing else would tell this process)."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)

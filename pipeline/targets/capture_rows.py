@@ -1,0 +1,154 @@
+"""A request's captured tensors, built from the engine's row pieces by whoever holds the rows.
+
+The engine's capture code hands rows to a sink one engine step at a time
+(`capture.py`: a `CaptureChunk` names, per request, which positions its rows
+are). Turning a finished request's pieces into the `CapturedGeneration`
+contract (aux streams as (T, k*H), the final state after the target's final
+norm as (T, H), the never-fed last row zero) needs only the layout of the
+rows, so it can run in the engine owner's process (`VLLMTarget.poll`) or in
+a separate write-back process that reads the spool itself
+(`regenerate/writeback_process.py`): `CaptureContract` is the picklable
+description such a process needs, and `SpoolRows` reads and assembles there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.targets.base import CapturedGeneration, Generation
+from pipeline.targets.capture import CaptureAssembler, CaptureReader, SinkSpec, rms_norm
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How an engine's captured rows are laid out: k aux streams + the final one, width H."""
+
+    num_aux: int  # k
+    hidden_size: int  # H
+    dtype: str  # torch dtype name of the rows, e.g. "bfloat16"
+    norm_weight: torch.Tensor  # (H,), the target's final norm, in `dtype`
+    norm_eps: float
+
+    def to_captured(
+        self, gen: Generation, parts: list[tuple[int, torch.Tensor]]
+    ) -> CapturedGeneration:
+        """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe).
+
+        Pieces `(start, rows (n, k+1, H))` arrive in step order (a later one
+        overwrites an earlier one at the same position) and go straight into
+        the output tensors: one copy of the captured bytes, not three. Raises
+        RuntimeError when a fed position was never written.
+        """
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
+        fed = num_tokens - 1  # the last sampled token is never fed
+        k, width = self.num_aux, self.hidden_size
+        hidden = torch.empty(num_tokens, k * width, dtype=dtype)
+        hidden[fed:] = 0
+        streams = hidden[:fed].view(fed, k, width)
+        tiled = _tiled(parts, fed)
+        if tiled is not None:
+            # The common case (no preemption, no rewrite): the pieces cover 0..fed
+            # in order, so one concatenation replaces a copy per engine step.
+            rows = torch.cat(tiled)
+            streams.copy_(rows[:, :k])
+            final = rows[:, k]
+        else:
+            final = torch.empty(fed, width, dtype=dtype)
+            written = torch.zeros(fed, dtype=torch.bool)
+            for start, rows in parts:
+                stop = min(start + rows.shape[0], fed)
+                if stop <= start:
+                    continue  # a throw-away draft row past the last fed token
+                streams[start:stop] = rows[: stop - start, :k]
+                final[start:stop] = rows[: stop - start, k]
+                written[start:stop] = True
+            if not bool(written.all()):
+                missing = (~written).nonzero().flatten()[:8].tolist()
+                raise RuntimeError(
+                    f"capture {gen.request_id!r}: positions never written: {missing}"
+                )
+        last = torch.empty(num_tokens, width, dtype=dtype)
+        last[fed:] = 0
+        last[:fed] = rms_norm(final, self.norm_weight, self.norm_eps)
+        return CapturedGeneration(
+            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
+        )
+
+
+def _tiled(parts, fed: int):
+    """The pieces' rows for positions 0..fed, if they tile them in order exactly once (else None).
+
+    Rows past `fed` (a throw-away draft row) are cut; any gap, overlap or
+    out-of-order piece returns None and the caller takes the general path.
+    """
+    out, at = [], 0
+    for start, rows in parts:
+        if at >= fed:
+            if start < fed:
+                return None  # a later piece rewrites a position
+            continue
+        if start != at:
+            return None
+        n = min(rows.shape[0], fed - at)
+        out.append(rows[:n] if n < rows.shape[0] else rows)
+        at += n
+    return out if at == fed else None
+
+
+@dataclass(frozen=True)
+class CaptureContract:
+    """What a process other than the engine's owner needs to build captured tensors.
+
+    Only the spool transport crosses processes (its files live in a directory
+    both can read); the in-process registry does not.
+    """
+
+    sink: SinkSpec
+    layout: RowLayout
+
+    def __post_init__(self) -> None:
+        if self.sink.transport != "spool":
+            raise ValueError(
+                f"a capture contract needs the spool transport, not {self.sink.transport!r}"
+            )
+
+
+class SpoolRows:
+    """Reads an engine's spool and builds finished requests' tensors (one reader per spool).
+
+    `take` drains every complete chunk file first: the engine writes a
+    request's rows before its output leaves the engine, so once the owner has
+    seen the request finish, all of its rows are on disk. Not thread-safe:
+    one thread drains and takes; building (`RowLayout.to_captured`) may then
+    run anywhere.
+    """
+
+    def __init__(self, contract: CaptureContract) -> None:
+        self.layout = contract.layout
+        self._reader = CaptureReader(contract.sink)
+        self._assembler = CaptureAssembler()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of rows read from the spool and held for requests not taken yet."""
+        return self._assembler.nbytes
+
+    def drain(self) -> None:
+        self._assembler.add(self._reader.take_chunks())
+
+    def take(self, request_id: str) -> list[tuple[int, torch.Tensor]]:
+        """A finished request's pieces (drains first); [] when nothing was captured."""
+        self.drain()
+        return self._assembler.take_parts(request_id)
+
+    def discard(self, request_id: str) -> None:
+        """Drop the rows of a request nobody will build (a failed or empty answer)."""
+        self.drain()
+        self._assembler.discard(request_id)
