@@ -40,9 +40,13 @@ the ratios see the same machine load; every ratio is per round, reported as
 the median with its range. Rates: generated tok/s, and captured tok/s
 (prompt + generated tokens whose hidden states are stored). P1 = c / a and
 P2 = c / b in generated tok/s on the large toy; `regen_trained_P1/P2` on the
-trained toy. `--profile` samples (c) of the first round with py-spy (the
-replica process and its engine processes, on-CPU samples only) and prints the
-shares of engine, capture, transport, encoding, writing and Ray. Also measured: encode MB/s per core of
+trained toy. `--profile` samples one more run of (c), after the rounds and
+not counted in them (a profiler slows what it samples), with py-spy (the
+replica process, its engine processes and its write-back process, on-CPU
+samples only) and prints the shares of engine, capture, transport, encoding,
+writing and Ray. Each (c) also records the CPU seconds of the replica's
+processes over its steady state (`c_cpu_*_s`: the replica, its write-back
+process, the model workers, the engine core). Also measured: encode MB/s per core of
 the bf16 codec at the 2.8T example's width (hidden 7168 x 6 states), with one
 and two threads (the write-back's threads need the codec to release the GIL).
 Results merge into bench/results.json; this bench's section of RESULTS.md is
@@ -381,6 +385,7 @@ def run_c(config, profile: Path | None) -> dict:
         "c_idle_s": stats.get("idle_seconds", 0.0),
         "c_mean_batch": stats.get("busy_slots", 0) / max(1, stats.get("steps", 0)),
         "c_encode_s": stats.get("encode_seconds", 0.0),
+        **{f"c_cpu_{role}_s": v for role, v in stats.get("cpu_seconds", {}).items()},
     }
 
 
@@ -450,12 +455,18 @@ SHARES = {
         "capture_connector.py",
         "write_spool",
     ),
-    "capture transport (spool read + assembly)": ("take_chunks", "read_spool", "CaptureAssembler"),
-    "contract tensors + final norm": ("_to_captured", "join_parts"),
+    "capture transport (spool read + assembly)": (
+        "take_chunks",
+        "read_spool",
+        "CaptureAssembler",
+        "SpoolRows",
+    ),
+    "contract tensors + final norm": ("to_captured", "join_parts", "captured_sample"),
     "encoding (codecs)": ("codecs.py",),
     "shard writing (Parquet, hash, storage)": ("shards/writer.py", "pyarrow", "storage/"),
     "target forward": ("qwen3.py", "qwen2.py", "model_executor/", "attention/backends"),
     "engine: scheduler, sampler, outputs": ("vllm/",),
+    "write-back process (messages)": ("writeback_process.py",),
     "feeder and unit jobs (render, decode, samples)": ("regenerate/", "render.py"),
     "Ray": ("ray/",),
 }
@@ -558,14 +569,9 @@ def run_target(name: str, args, log: list[str]) -> dict:
                     cfg = bench_config(
                         name, conversations_for(args, name), work / f"r{round_}-dataset"
                     )
-                    profile = work / "profile.txt" if args.profile and round_ == 0 else None
-                    r.update(run_c(cfg, profile))
+                    r.update(run_c(cfg, None))
                     if name in args.fixed_units_baseline.split(","):
                         r.update(run_c_fixed(name, args, work / f"r{round_}-fixed", r))
-                    if profile and profile.exists():
-                        profile_shares = summarise_profile(profile)
-                        if args.keep_profile:
-                            shutil.copy(profile, args.keep_profile)
             r["a_tok_s"] = r["a_generated_tokens"] / r["a_s"]
             r["b_tok_s"] = r["a_generated_tokens"] / r["b_s"]
             r["c_tok_s"] = r["c_generated_tokens"] / r["c_s"]
@@ -577,6 +583,13 @@ def run_target(name: str, args, log: list[str]) -> dict:
             line = f"{name} round {round_} ({'+'.join(order)}): " + json.dumps(rounds[-1])
             print(line, flush=True)
             log.append(line)
+        if args.profile:  # an extra run: a profiler slows what it samples, so no round has it
+            profile = work / "profile.txt"
+            run_c(bench_config(name, conversations_for(args, name), work / "profiled"), profile)
+            if profile.exists():
+                profile_shares = summarise_profile(profile)
+                if args.keep_profile:
+                    shutil.copy(profile, args.keep_profile)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -697,7 +710,11 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
             keep = {k: v for k, v in rnd.items() if not k.endswith("tokens") or k.startswith("c_")}
             lines.append(f"* {name} round {i}: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
         if "profile_c_percent" in r:
-            lines += ["", f"Profile of (c) on {name}, first round (py-spy, % of samples):", ""]
+            lines += [
+                "",
+                f"Profile of (c) on {name}, an extra run after the rounds (py-spy, % of samples):",
+                "",
+            ]
             lines += [f"* {k}: {v}%" for k, v in r["profile_c_percent"].items()]
     write_section("bench/regenerate.py", "\n".join(lines))
 
@@ -725,8 +742,9 @@ def main() -> None:
     )
     p.add_argument(
         "--fixed-units-baseline",
-        default="trained",
-        help="targets on which (c) is also run with its units in flight fixed (reported apart)",
+        default="",
+        help="targets on which (c) is also run with its units in flight fixed (reported apart; "
+        "bench/regenerate_ab.py --ab growth measures that on its own)",
     )
     p.add_argument(
         "--keep-profile", type=Path, default=None, help="copy the raw py-spy output here"

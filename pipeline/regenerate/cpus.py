@@ -84,6 +84,24 @@ def isolate_host_work() -> set[int] | None:
     return host
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc; 0.0 where it is gone)."""
+    fields = _read(f"/proc/{pid}/stat").rpartition(")")[2].split()
+    if len(fields) < 13:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_role(writeback_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of this replica's processes: itself, its write-back process, its
+    engine's model workers and the engine's other processes (the engine core)."""
+    out = {"replica": cpu_seconds(os.getpid()), "writeback": 0.0, "workers": 0.0, "engine": 0.0}
+    for pid in descendants(os.getpid()):
+        role = "writeback" if pid == writeback_pid else "workers" if _is_worker(pid) else "engine"
+        out[role] += cpu_seconds(pid)
+    return {k: round(v, 2) for k, v in out.items()}
+
+
 def _is_worker(pid: int) -> bool:
     """vLLM titles its model-worker processes `VLLM::Worker...`."""
     return "Worker" in _read(f"/proc/{pid}/cmdline").replace("\0", " ")

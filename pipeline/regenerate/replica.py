@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from pipeline.regenerate.config import RegenerateConfig
-from pipeline.regenerate.cpus import isolate_host_work
+from pipeline.regenerate.cpus import cpu_by_role, isolate_host_work
 from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.unit import UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
@@ -58,9 +58,11 @@ class RegenerateReplica:
         self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
         self.max_units = regenerate.max_units_in_flight(self.limits.max_requests_in_flight)
         self.feeder = EngineFeeder(self.backend, tokenizer, self.limits, on_fatal=_exit_process)
+        self._cpu_at_ready: dict[str, float] = {}
 
     def ready(self) -> dict[str, Any]:
         """Process id, engine start seconds and how many units to keep in flight here."""
+        self._cpu_at_ready = self._cpu()  # stats() counts the steady state from here
         return {
             "pid": os.getpid(),
             "start_seconds": self.start_seconds,
@@ -91,12 +93,19 @@ class RegenerateReplica:
             "encoded_bytes": wb.encoded_bytes,
             "spilled_bytes": wb.spilled_bytes,
             "writeback": self.limits.writeback,
+            # CPU seconds of this replica's processes since ready(): where the host went.
+            "cpu_seconds": {
+                k: round(v - self._cpu_at_ready.get(k, 0.0), 2) for k, v in self._cpu().items()
+            },
             "writeback_peak_bytes": wb.peak_nbytes,
             "max_capture_bytes": self.limits.max_capture_bytes,
             "units_wanted": self.units_wanted,
             "max_units": self.max_units,
             "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
         }
+
+    def _cpu(self) -> dict[str, float]:
+        return cpu_by_role(getattr(self.feeder.writeback, "pid", None))
 
     def close(self) -> None:
         """Stop the feeder and the engine, remove the capture spool (ray.kill runs no finalizer)."""

@@ -172,10 +172,11 @@ class ProcessWriteback:
     def close(self) -> None:
         """Stop the child (units not written fail); waits for it briefly, then kills it."""
         self._closing = True
-        try:
-            self._send(("close",))
-        except (OSError, ValueError):  # the child is gone already
-            pass
+        if self._failed is None:
+            try:
+                self._to_child.put(("close",))
+            except (OSError, ValueError):  # the child is gone already
+                pass
         self._process.join(timeout=60)
         if self._process.is_alive():
             self._process.kill()
@@ -195,6 +196,7 @@ class ProcessWriteback:
             try:
                 message = self._from_child.recv()
             except (EOFError, OSError) as err:
+                self._process.join(timeout=5)  # for its exit code
                 lost = WritebackFailed(
                     f"the write-back process is gone (exit code {self._process.exitcode}, {err!r})"
                 )

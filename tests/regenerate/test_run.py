@@ -77,6 +77,10 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     host = summary.replica_stats[0]["host_cpus"]
     if len(allowed) > 1:
         assert host and set(host) < set(allowed), host
+    # The shards were built and written by the replica's write-back process, whose CPU
+    # the replica accounts apart from its own (regenerate/writeback_process.py).
+    stats = summary.replica_stats[0]
+    assert stats["writeback"] == "process" and stats["cpu_seconds"]["writeback"] > 0, stats
     # The malformed rows are reported by reason; the run did not stop for them.
     assert summary.errors_by_reason == {
         "unparsable_row": 1,
