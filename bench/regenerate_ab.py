@@ -13,7 +13,9 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
   another unit (scheduler.py);
 * writeback: the changed run encodes and writes in threads of the replica's
   own process (`regenerate.writeback: threads`) instead of the lower-priority
-  write-back process (regenerate/writeback_process.py).
+  write-back process (regenerate/writeback_process.py);
+* writeback_cpus: the changed run keeps the write-back process on the host
+  CPUs (those off the model workers' cores) instead of every CPU.
 
 Rounds alternate which run goes first; rates are steady-state generated tok/s
 (engine start excluded); the ratio shipped / changed is per round, reported
@@ -54,6 +56,11 @@ AB = {
         "Write-back in a process or in the replica's threads",
         ("process", "threads"),
         {"writeback": "threads"},
+    ),
+    "writeback_cpus": (
+        "The write-back process on every CPU or on the host CPUs only",
+        ("all", "host"),
+        {"writeback_cpus": "host"},
     ),
 }
 
@@ -161,7 +168,7 @@ def record(ab: str, results: dict, args, load: float) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ab", default=",".join(AB), help=f"which A/Bs: {', '.join(AB)}")
+    p.add_argument("--ab", default="growth,writeback", help=f"which A/Bs: {', '.join(AB)}")
     p.add_argument("--targets", default="large,trained")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--conversations", default="large=1000,trained=4000")

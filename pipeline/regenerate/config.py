@@ -125,6 +125,10 @@ class RegenerateConfig(ConfigModel):
     # replica's own process (docs/capture.md has both measured).
     writeback: Literal["process", "threads"] = "process"
     writeback_nice: int = Field(10, ge=0, le=19)
+    # CPUs of the write-back process: "all" the replica was given (the model
+    # workers' too: it takes their idle time), or "host", only those its feeder
+    # runs on (isolate_engine_cpus). Where nothing is isolated they are the same.
+    writeback_cpus: Literal["all", "host"] = "all"
     # Python's GIL switch interval in the replica process (sys.setswitchinterval),
     # in ms. The engine thread gives the GIL up around every engine call; with
     # encode threads busy, Python's 5 ms default can keep it waiting that long

@@ -54,7 +54,9 @@ class RegenerateReplica:
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )
-        self.limits = feed_limits(regenerate, self.backend, writeback_cpus=all_cpus)
+        # None: the child inherits this thread's CPUs (the host CPUs once isolated).
+        cpus = all_cpus if regenerate.writeback_cpus == "all" else None
+        self.limits = feed_limits(regenerate, self.backend, writeback_cpus=cpus)
         self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
         self.max_units = regenerate.max_units_in_flight(self.limits.max_requests_in_flight)
         self.feeder = EngineFeeder(self.backend, tokenizer, self.limits, on_fatal=_exit_process)
