@@ -120,15 +120,16 @@ class RegenerateConfig(ConfigModel):
     num_write_workers: int = Field(1, gt=0)
     # Where those threads run: "process", a child of the replica that reads the
     # engine's capture spool itself, at `writeback_nice` (added to the replica's
-    # nice value) on any of the replica's CPUs, so it holds no lock the engine
-    # loop wants and runs on the cycles the engine leaves; or "threads", in the
-    # replica's own process (docs/capture.md has both measured).
+    # nice value), so it holds no lock the engine loop wants and yields the CPU to
+    # the engine's processes; or "threads", in the replica's own process
+    # (docs/capture.md has the variants measured side by side).
     writeback: Literal["process", "threads"] = "process"
-    writeback_nice: int = Field(10, ge=0, le=19)
-    # CPUs of the write-back process: "all" the replica was given (the model
-    # workers' too: it takes their idle time), or "host", only those its feeder
-    # runs on (isolate_engine_cpus). Where nothing is isolated they are the same.
-    writeback_cpus: Literal["all", "host"] = "all"
+    writeback_nice: int = Field(5, ge=0, le=19)
+    # CPUs of the write-back process: "host", those the feeder runs on
+    # (isolate_engine_cpus), or "all" the replica was given, the model workers'
+    # too (measured slower: it delays their forward). Where nothing is isolated
+    # they are the same.
+    writeback_cpus: Literal["all", "host"] = "host"
     # Python's GIL switch interval in the replica process (sys.setswitchinterval),
     # in ms. The engine thread gives the GIL up around every engine call; with
     # encode threads busy, Python's 5 ms default can keep it waiting that long

@@ -57,10 +57,11 @@ def worker_cpus(pids: list[int], allowed: set[int]) -> set[int]:
     return bound
 
 
-def isolate_host_work() -> set[int] | None:
+def isolate_host_work(keep: set[int] = frozenset()) -> set[int] | None:
     """Move this thread and the engine's non-worker processes off the workers' CPUs.
 
-    Returns the CPUs host work now runs on, or None where nothing changed.
+    Processes in `keep` stay where they are. Returns the CPUs host work now
+    runs on, or None where nothing changed.
     """
     if not hasattr(os, "sched_getaffinity"):
         return None
@@ -71,7 +72,7 @@ def isolate_host_work() -> set[int] | None:
     if not bound or not host:
         return None
     os.sched_setaffinity(0, host)
-    for pid in (p for p in pids if not _is_worker(p)):
+    for pid in (p for p in pids if not _is_worker(p) and p not in keep):
         for task in _listdir(f"/proc/{pid}/task"):
             try:
                 os.sched_setaffinity(int(task), host)

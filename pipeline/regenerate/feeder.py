@@ -62,7 +62,7 @@ class FeedLimits:
     # which reads the engine's spool itself; writeback_process.py) or "threads"
     # (threads of this process). `writeback_cpus`: the child's CPUs (None: ours).
     writeback: str = "process"
-    writeback_nice: int = 10
+    writeback_nice: int = 5
     writeback_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
@@ -89,6 +89,22 @@ class FeedStats:
     last_step_at: float = 0.0  # time.monotonic() of the last completed engine step
 
 
+def start_writeback_process(limits: FeedLimits):
+    """The write-back process for a feeder with these limits (its engine's spool comes later)."""
+    from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackSettings
+
+    return ProcessWriteback(
+        WritebackSettings(
+            num_encode_workers=limits.num_encode_workers,
+            num_write_workers=limits.num_write_workers,
+            spill_above_bytes=limits.spill_above_bytes,
+            spill_dir=limits.spill_dir,
+            nice=limits.writeback_nice,
+            cpus=limits.writeback_cpus,
+        )
+    )
+
+
 class EngineFeeder:
     """Runs one backend for many units at once (see the module docstring)."""
 
@@ -99,13 +115,14 @@ class EngineFeeder:
         limits: FeedLimits,
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
+        writeback=None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.limits = limits
         self.on_fatal = on_fatal
         self._rows_handed_off = False
-        self.writeback = self._start_writeback(limits)
+        self.writeback = self._start_writeback(limits, writeback)
         self.stats = FeedStats()
         self._cond = threading.Condition()
         self._incoming: list[tuple[UnitJob, Future]] = []
@@ -122,8 +139,9 @@ class EngineFeeder:
         self._thread = threading.Thread(target=self._run, name="engine-feeder", daemon=True)
         self._thread.start()
 
-    def _start_writeback(self, limits: FeedLimits):
-        """The write-back: threads here, or a child process that reads the engine's spool."""
+    def _start_writeback(self, limits: FeedLimits, started=None):
+        """The write-back: threads here, or a child process that reads the engine's spool
+        (`started`: one the owner started already, see `start_writeback_process`)."""
         if limits.writeback == "threads":
             return ShardWriteback(
                 num_encode_workers=limits.num_encode_workers,
@@ -131,23 +149,12 @@ class EngineFeeder:
                 spill_above_bytes=limits.spill_above_bytes,
                 spill_dir=limits.spill_dir,
             )
-        from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackSettings
-
         hand_off = getattr(self.backend, "hand_off_rows", None)
         contract = hand_off() if hand_off is not None else None
         self._rows_handed_off = contract is not None
-        return ProcessWriteback(
-            WritebackSettings(
-                num_encode_workers=limits.num_encode_workers,
-                num_write_workers=limits.num_write_workers,
-                spill_above_bytes=limits.spill_above_bytes,
-                spill_dir=limits.spill_dir,
-                nice=limits.writeback_nice,
-                cpus=limits.writeback_cpus,
-                contract=contract,
-            ),
-            on_fatal=self._writeback_lost,
-        )
+        writeback = started or start_writeback_process(limits)
+        writeback.attach(contract, on_fatal=self._writeback_lost)
+        return writeback
 
     def _writeback_lost(self, err: BaseException) -> None:
         """The write-back process died: no unit here can finish, as if the engine had."""

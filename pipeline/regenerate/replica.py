@@ -15,10 +15,9 @@ from typing import Any
 
 from pipeline.regenerate.config import RegenerateConfig
 from pipeline.regenerate.cpus import cpu_by_role, isolate_host_work
-from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.feeder import EngineFeeder, FeedLimits, start_writeback_process
 from pipeline.regenerate.unit import UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
-from pipeline.targets.base import StreamingBackend
 from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)
@@ -43,23 +42,32 @@ class RegenerateReplica:
         setup_logging()
         quiet_engine_output()
         sys.setswitchinterval(regenerate.gil_switch_interval_ms / 1000)  # see the config key
+        # The write-back process starts first, so its imports overlap the engine's start.
+        # Its CPUs: every CPU this replica was given ("all": at a lower priority it takes
+        # only what the engine leaves), or the host CPUs it is moved to below ("host").
+        all_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        writeback = None
+        if regenerate.writeback == "process":
+            every = regenerate.writeback_cpus == "all"
+            writeback = start_writeback_process(
+                feed_limits(regenerate, 1, writeback_cpus=all_cpus if every else None)
+            )
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started
-        # The write-back process may use every CPU this replica was given: at a
-        # lower priority it takes only what the engine leaves (config.py).
-        all_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        # Before the feeder exists: its thread and pools inherit this thread's CPUs.
-        self.host_cpus = isolate_host_work() if regenerate.isolate_engine_cpus else None
+        # Before the feeder exists: its thread and pools inherit this thread's CPUs; the
+        # engine core (and a "host" write-back process) move there too.
+        keep = {writeback.pid} if writeback is not None and every else set()
+        self.host_cpus = isolate_host_work(keep) if regenerate.isolate_engine_cpus else None
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )
-        # None: the child inherits this thread's CPUs (the host CPUs once isolated).
-        cpus = all_cpus if regenerate.writeback_cpus == "all" else None
-        self.limits = feed_limits(regenerate, self.backend, writeback_cpus=cpus)
+        self.limits = feed_limits(regenerate, self.backend.max_concurrency)
         self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
         self.max_units = regenerate.max_units_in_flight(self.limits.max_requests_in_flight)
-        self.feeder = EngineFeeder(self.backend, tokenizer, self.limits, on_fatal=_exit_process)
+        self.feeder = EngineFeeder(
+            self.backend, tokenizer, self.limits, on_fatal=_exit_process, writeback=writeback
+        )
         self._cpu_at_ready: dict[str, float] = {}
 
     def ready(self) -> dict[str, Any]:
@@ -117,13 +125,14 @@ class RegenerateReplica:
 
 def feed_limits(
     regenerate: RegenerateConfig,
-    backend: StreamingBackend,
+    engine_concurrency: int,
     *,
     writeback_cpus: frozenset[int] | None = None,
 ) -> FeedLimits:
-    """The feeder's limits for a backend under a regeneration config."""
+    """The feeder's limits under a regeneration config, for an engine that runs
+    `engine_concurrency` requests at once (vLLM's max_num_seqs)."""
     return FeedLimits(
-        max_requests_in_flight=regenerate.requests_in_flight(backend.max_concurrency),
+        max_requests_in_flight=regenerate.requests_in_flight(engine_concurrency),
         max_capture_bytes=regenerate.max_capture_memory_mb << 20,
         num_encode_workers=regenerate.num_encode_workers,
         num_write_workers=regenerate.num_write_workers,

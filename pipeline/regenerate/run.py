@@ -157,7 +157,9 @@ def run_local(
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(config.target.model), revision=config.target.revision
         )
-        feeder = EngineFeeder(backend, tokenizer, feed_limits(config.regenerate, backend))
+        feeder = EngineFeeder(
+            backend, tokenizer, feed_limits(config.regenerate, backend.max_concurrency)
+        )
         progress = Progress(sum(u.num_answers for u in todo), show_progress)
         steady = time.monotonic()
         try:

@@ -207,7 +207,7 @@ class ShardWriteback:
                 gen = Generation(
                     sample.sample_id, sample.prompt_ids, sample.output_ids, sample.finish_reason
                 )
-                cap = self.rows.layout.to_captured(gen, parts)
+                cap = self.rows.layout.to_captured(gen, parts, normed=True)  # SpoolRows.drain
                 sample = captured_sample(cap, sample.source, sample.domain)
             row = encode_sample(sample, provenance, get_codec(provenance.codec), shard=unit_id)
         except RuntimeError as err:  # the engine left positions of this request unwritten

@@ -7,10 +7,9 @@ shared the engine thread's GIL: each time the engine thread gave the GIL up
 around an engine call, a write-back thread could keep it for a switch
 interval, and a lowered thread priority turned that into priority
 inversion. As a process, it holds no lock the engine thread wants, and the
-kernel schedules it below the engine's processes (`nice`), on any CPU, so it
-runs on the cycles they leave: the engine-core and model-worker processes
-spin-wait with `sched_yield` between steps (docs/capture.md has the
-measurements).
+kernel schedules it below the engine's processes (`nice`), so it runs on the
+cycles they leave: the engine-core process spin-waits with `sched_yield`
+between steps (docs/capture.md has the measurements).
 
 The engine's process never touches the captured bytes: the backend hands the
 capture spool over (`VLLMTarget.hand_off_rows`), and this process reads the
@@ -57,10 +56,10 @@ class WritebackSettings:
     num_write_workers: int = 1
     spill_above_bytes: int | None = None
     spill_dir: str | None = None
-    # Added to the child's nice value: the engine's processes win every CPU they want.
-    nice: int = 10
-    # CPUs the child may run on (None: the parent's); the replica passes every CPU
-    # it was given, the model workers' included, since the child only takes idle time.
+    # Added to the child's nice value: the engine's processes win the CPU they want.
+    nice: int = 5
+    # CPUs the child may run on (None: the parent's; the replica moves it to its host
+    # CPUs, or gives it every CPU with `regenerate.writeback_cpus: all`).
     cpus: frozenset[int] | None = None
     contract: CaptureContract | None = None  # the engine's spool (None: samples come built)
 
@@ -109,6 +108,20 @@ class ProcessWriteback:
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    def attach(
+        self,
+        contract: CaptureContract | None,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Give a process started before its engine the engine's spool and the owner's
+        fatal-error hook (the replica starts it first, so its imports overlap the engine's
+        start instead of the first units)."""
+        if on_fatal is not None:
+            self._on_fatal = on_fatal
+        if contract is not None:
+            self._send(("rows", contract))
 
     # ------------------------------------------------------------------ counters
 
@@ -285,6 +298,8 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
                 )
             elif kind == "discard":
                 writeback.discard(message[1])
+            elif kind == "rows":
+                writeback.rows = SpoolRows(message[1])
             elif kind == "finish":
                 _, unit_id, target, errors = message
                 provenance.pop(unit_id, None)

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.targets.base import CapturedGeneration, Generation
-from pipeline.targets.capture import CaptureAssembler, CaptureReader, SinkSpec, rms_norm
+from pipeline.targets.capture import (
+    CaptureAssembler,
+    CaptureChunk,
+    CaptureReader,
+    SinkSpec,
+    rms_norm,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -33,15 +39,24 @@ class RowLayout:
     norm_weight: torch.Tensor  # (H,), the target's final norm, in `dtype`
     norm_eps: float
 
+    def norm_final(self, chunks: list[CaptureChunk]) -> None:
+        """Apply the final norm to every chunk's last stream in place, once per engine step
+        (a few tensor ops over all of a step's rows, instead of the same ops per sample);
+        `to_captured(..., normed=True)` then copies it as it is."""
+        for chunk in chunks:
+            final = chunk.rows[:, self.num_aux]
+            final.copy_(rms_norm(final, self.norm_weight, self.norm_eps))
+
     def to_captured(
-        self, gen: Generation, parts: list[tuple[int, torch.Tensor]]
+        self, gen: Generation, parts: list[tuple[int, torch.Tensor]], *, normed: bool = False
     ) -> CapturedGeneration:
         """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe).
 
         Pieces `(start, rows (n, k+1, H))` arrive in step order (a later one
         overwrites an earlier one at the same position) and go straight into
         the output tensors: one copy of the captured bytes, not three. Raises
-        RuntimeError when a fed position was never written.
+        RuntimeError when a fed position was never written. `normed`: the
+        pieces' last stream already went through `norm_final`.
         """
         import torch
 
@@ -76,7 +91,7 @@ class RowLayout:
                 )
         last = torch.empty(num_tokens, width, dtype=dtype)
         last[fed:] = 0
-        last[:fed] = rms_norm(final, self.norm_weight, self.norm_eps)
+        last[:fed] = final if normed else rms_norm(final, self.norm_weight, self.norm_eps)
         return CapturedGeneration(
             gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
         )
@@ -141,7 +156,9 @@ class SpoolRows:
         return self._assembler.nbytes
 
     def drain(self) -> None:
-        self._assembler.add(self._reader.take_chunks())
+        chunks = self._reader.take_chunks()
+        self.layout.norm_final(chunks)
+        self._assembler.add(chunks)
 
     def take(self, request_id: str) -> list[tuple[int, torch.Tensor]]:
         """A finished request's pieces (drains first); [] when nothing was captured."""

@@ -68,6 +68,7 @@ class VLLMTarget:
 
         self.config = config
         self.capture = capture
+        self._rows_handed_off = False  # hand_off_rows
         kwargs = engine_kwargs(config, model_dir)
         if capture:
             self._setup_capture(config, model_dir, kwargs)
@@ -135,7 +136,6 @@ class VLLMTarget:
             kwargs["kv_transfer_config"] = capture.kv_transfer_config(transport, self.spool_dir)
         self.reader = capture.CaptureReader(sink)
         self.assembler = capture.CaptureAssembler()
-        self._rows_handed_off = False
         _export_package_path()
 
     def hand_off_rows(self, enabled: bool = True) -> CaptureContract | None:
@@ -223,7 +223,9 @@ class VLLMTarget:
             return []
         handed_off = self._rows_handed_off
         if not handed_off and any(self._in_flight[o.request_id][1] for o in finished):
-            self.assembler.add(self.reader.take_chunks())
+            chunks = self.reader.take_chunks()
+            self.layout.norm_final(chunks)  # once per step, not per sample
+            self.assembler.add(chunks)
         results: list[Result] = []
         for out in finished:
             request, capture = self._in_flight.pop(out.request_id)
@@ -259,11 +261,11 @@ class VLLMTarget:
                             gen.prompt_ids,
                             gen.output_ids,
                             gen.finish_reason,
-                            functools.partial(self.layout.to_captured, gen, parts),
+                            functools.partial(self.layout.to_captured, gen, parts, normed=True),
                         )
                     )
                 else:
-                    results.append(self.layout.to_captured(gen, parts))
+                    results.append(self.layout.to_captured(gen, parts, normed=True))
             except RuntimeError as err:
                 if not handed_off:
                     self.assembler.discard(gen.request_id)
