@@ -258,6 +258,8 @@ class EngineFeeder:
                     self.stats.idle_seconds += admitting - waited
                 for job, future in incoming:
                     self._start(job, future)
+                if incoming:
+                    self.writeback.flush()  # a unit whose every conversation failed to render
                 self._admit()
                 if self._hunger:
                     with self._cond:
@@ -274,6 +276,7 @@ class EngineFeeder:
                 self.stats.step_seconds += polled - started
                 for result in results:
                     self._on_result(result)
+                self.writeback.flush()
                 self.stats.handle_seconds += time.perf_counter() - polled
                 self._note_peak()
         except BaseException as err:  # the engine is gone: fail every unit, let the owner decide

@@ -184,6 +184,9 @@ class ShardWriteback:
         )
         self._rows.setdefault(unit_id, []).append((sample.sample_id, future))
 
+    def flush(self) -> None:
+        """Nothing to do here (the process write-back batches its messages until this)."""
+
     def discard(self, request_id: str) -> None:
         """A finished request that becomes no sample: drop its rows from the spool."""
         if self.rows is not None:

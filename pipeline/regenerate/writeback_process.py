@@ -32,6 +32,7 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,7 @@ class ProcessWriteback:
         self._process.start()
         writer.close()
         self._sent_bytes = 0  # raw bytes of every sample sent to the child
+        self._batch: list[tuple] = []  # messages waiting for flush()
         self._opened: set[str] = set()  # units whose provenance the child has
         self._done: dict[str, Done] = {}
         self._done_lock = threading.Lock()
@@ -115,13 +117,13 @@ class ProcessWriteback:
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """Give a process started before its engine the engine's spool and the owner's
-        fatal-error hook (the replica starts it first, so its imports overlap the engine's
-        start instead of the first units)."""
+        """Give the process its engine's spool (None: samples come built) and the owner's
+        fatal-error hook; call once, before the first `add`. The replica starts the process
+        before its engine, so its imports overlap the engine's start, and attaches it once
+        the engine is up and the process placed."""
         if on_fatal is not None:
             self._on_fatal = on_fatal
-        if contract is not None:
-            self._send(("rows", contract))
+        self._send(("attach", contract))
 
     # ------------------------------------------------------------------ counters
 
@@ -164,12 +166,12 @@ class ProcessWriteback:
             raw = sample_nbytes(sample) if nbytes is None else nbytes
         if unit_id not in self._opened:
             self._opened.add(unit_id)
-            self._send(("open", unit_id, provenance))
-        self._sent_bytes += raw
-        self._send(("add", unit_id, sample, where, source, raw))
+            self._queue(("open", unit_id, provenance))
+        self._sent_bytes += raw  # in transit from here: counted in nbytes until the child has it
+        self._queue(("add", unit_id, sample, where, source, raw))
 
     def discard(self, request_id: str) -> None:
-        self._send(("discard", request_id))
+        self._queue(("discard", request_id))
 
     def finish(
         self, unit_id: str, target: ShardTarget, errors: Sequence[RowError], done: Done
@@ -180,13 +182,14 @@ class ProcessWriteback:
                 return
             self._done[unit_id] = done
         self._opened.discard(unit_id)
-        self._send(("finish", unit_id, target, list(errors)))
+        self._queue(("finish", unit_id, target, list(errors)))
 
     def close(self) -> None:
         """Stop the child (units not written fail); waits for it briefly, then kills it."""
         self._closing = True
         if self._failed is None:
             try:
+                self.flush()
                 self._to_child.put(("close",))
             except (OSError, ValueError):  # the child is gone already
                 pass
@@ -197,6 +200,19 @@ class ProcessWriteback:
         self._fail_all(WritebackFailed("the write-back was closed before the unit was written"))
 
     # ------------------------------------------------------------------ internals
+
+    def flush(self) -> None:
+        """Send what was added, discarded and finished since the last flush, in order, as
+        one message (the feeder flushes once per engine step: one pickle and one pipe
+        write per step instead of per sample)."""
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._send(("batch", batch))
+
+    def _queue(self, message: tuple) -> None:
+        if self._failed is not None:
+            raise self._failed
+        self._batch.append(message)
 
     def _send(self, message: tuple) -> None:
         if self._failed is not None:
@@ -261,25 +277,27 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
     from pipeline.logs import setup_logging
 
     setup_logging()
+    # What the first sample needs, imported now, while the engine starts.
+    import pipeline.shards.codecs  # noqa: F401  (torch, zstandard)
+    import pipeline.shards.manifest  # noqa: F401  (pyarrow, storage)
+    import pipeline.shards.writer  # noqa: F401
     from pipeline.regenerate.writeback import ShardWriteback
     from pipeline.targets.capture_rows import SpoolRows
 
-    writeback = ShardWriteback(
-        num_encode_workers=settings.num_encode_workers,
-        num_write_workers=settings.num_write_workers,
-        spill_above_bytes=settings.spill_above_bytes,
-        spill_dir=settings.spill_dir,
-        rows=SpoolRows(settings.contract) if settings.contract else None,
-        ledger=Ledger(ledger_values),
-    )
+    writeback = None  # made on "attach": by then the replica has placed this process
+    contract = settings.contract
     replies: queue.SimpleQueue = queue.SimpleQueue()
     sender = threading.Thread(target=_send_replies, args=(replies, outbox), daemon=True)
     sender.start()
     provenance: dict[str, Any] = {}
     failed: dict[str, list] = {}  # unit id -> error records of samples built badly upstream
+    pending: deque[tuple] = deque()
     try:
         while True:
-            message = inbox.get()
+            if not pending:
+                message = inbox.get()
+                pending.extend(message[1] if message[0] == "batch" else [message])
+            message = pending.popleft()
             kind = message[0]
             if kind == "open":
                 provenance[message[1]] = message[2]
@@ -298,8 +316,17 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
                 )
             elif kind == "discard":
                 writeback.discard(message[1])
-            elif kind == "rows":
-                writeback.rows = SpoolRows(message[1])
+            elif kind == "attach":
+                contract = message[1] or contract
+                writeback = ShardWriteback(
+                    # More encode threads than CPUs to run them on only contend.
+                    num_encode_workers=min(settings.num_encode_workers, _num_cpus()),
+                    num_write_workers=settings.num_write_workers,
+                    spill_above_bytes=settings.spill_above_bytes,
+                    spill_dir=settings.spill_dir,
+                    rows=SpoolRows(contract) if contract else None,
+                    ledger=Ledger(ledger_values),
+                )
             elif kind == "finish":
                 _, unit_id, target, errors = message
                 provenance.pop(unit_id, None)
@@ -323,9 +350,14 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
             elif kind == "close":
                 break
     finally:
-        writeback.close()
+        if writeback is not None:
+            writeback.close()
         replies.put(("stopped", "", None))
         sender.join(timeout=30)
+
+
+def _num_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _send_replies(replies: queue.SimpleQueue, outbox) -> None:

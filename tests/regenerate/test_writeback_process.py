@@ -46,6 +46,7 @@ def _write(writeback, uri: str, samples) -> Future:
             done.set_result(written)
 
     writeback.finish("u-1", ShardTarget(uri, None, prov), [], finish)
+    writeback.flush()  # what the feeder does after each engine step
     return done
 
 
@@ -57,6 +58,7 @@ def test_a_process_writes_the_shard_threads_write(tmp_path):
     samples = [sample(i, "u-1") for i in (5, 1, 3, 0, 4, 2)]  # arrival order, not id order
     threads = ShardWriteback()
     process = ProcessWriteback(WritebackSettings(nice=7))
+    process.attach(None)  # no engine spool: the samples come built
     try:
         deadline = time.monotonic() + 60  # the child renices itself as it starts
         while _nice(process.pid) != _nice(os.getpid()) + 7 and time.monotonic() < deadline:
@@ -82,6 +84,7 @@ def test_a_failed_write_comes_back_named(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the dataset's directory should be")
     process = ProcessWriteback(WritebackSettings())
+    process.attach(None)
     try:
         with pytest.raises(WritebackFailed) as failure:
             _write(process, str(blocker / "ds"), [sample(0, "u-1")]).result(timeout=120)
@@ -92,7 +95,8 @@ def test_a_failed_write_comes_back_named(tmp_path):
 
 def test_a_dead_child_fails_its_units_and_tells_the_owner():
     lost = threading.Event()
-    process = ProcessWriteback(WritebackSettings(), on_fatal=lambda err: lost.set())
+    process = ProcessWriteback(WritebackSettings())
+    process.attach(None, on_fatal=lambda err: lost.set())
     try:
         prov = provenance()
         process.add("u-1", sample(0, "u-1"), provenance=prov, where="row 0", source="syn")
