@@ -16,7 +16,9 @@ conversations, engine starts excluded from every rate (reported apart):
 (a) plain vLLM fed as well as it can be: a step loop over its `LLMEngine`
     with the project's admission (up to `max_requests_in_flight` requests in
     the engine, a conversation's next turn submitted the moment its turn
-    returns), no capture and nothing written; prefix caching off (measured on
+    returns), the replica's CPU isolation (the loop and the engine core off
+    the model worker's cores; `host_work_isolated`), no capture and nothing
+    written; prefix caching off (measured on
     this workload: on, 7,279 and 7,356 tok/s; off, 8,013 and 7,683,
     alternating; hashing blocks costs more than the prefill it saves). Turn
     rounds of `LLM.generate` (every request of round j in one call) idle on
@@ -29,8 +31,9 @@ conversations, engine starts excluded from every rate (reported apart):
     on this 2-core machine for the small toy (no spin-waiting processes),
     reported apart with (c) over it;
 (b) the field's two-pass flow: (a), then a capture engine prefills prompt +
-    answer of every sample in one call (max_tokens 1, prefix caching off) and
-    one safetensors file per sample is written (raw bf16);
+    answer of every sample in one call (max_tokens 1, prefix caching off, the
+    same CPU isolation) and one safetensors file per sample is written (raw
+    bf16);
 (c) the shipped stage: `run_regenerate` with the default config, through a
     local Ray, committing compressed shards; its steady-state rate (from
     every engine up to the last shard written).
@@ -66,6 +69,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from results_file import fmt_spread, merge_results, spread, write_section  # bench/ is sys.path[0]
@@ -300,18 +304,36 @@ def plain_engine(config):
     return llm, tokenizer, time.perf_counter() - t0
 
 
+@contextmanager
+def host_work_isolated():
+    """The replica's CPU isolation for an engine started by this process (cpus.py): this
+    thread and the engine core move off the model worker's cores while the block runs.
+    (c) gets it from its replica; (a) and (b) get it here, so the baselines are set up
+    as well as the shipped stage (without it, (a) ran up to 1.3x slower here)."""
+    from pipeline.regenerate.cpus import isolate_host_work
+
+    saved = os.sched_getaffinity(0)
+    isolate_host_work()
+    try:
+        yield
+    finally:  # later engines started from this thread bind their workers from its mask
+        os.sched_setaffinity(0, saved)
+
+
 def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
     from pipeline.targets.resolve import resolve_model
     from pipeline.targets.vllm_backend import VLLMTarget
 
     model_dir = resolve_model(config.target.model)
     llm, tokenizer, start_a = plain_engine(config)
-    answers, a_s, prompt_tokens, generated = plain_fed(llm, tokenizer, config, conversations)
+    with host_work_isolated():
+        answers, a_s, prompt_tokens, generated = plain_fed(llm, tokenizer, config, conversations)
     extra = {}
     if with_rounds:  # what a user of `LLM.generate` gets: turn rounds, each one call
-        rounds_answers, rounds_s, _, rounds_generated = plain_rounds(
-            llm, tokenizer, config, conversations
-        )
+        with host_work_isolated():
+            rounds_answers, rounds_s, _, rounds_generated = plain_rounds(
+                llm, tokenizer, config, conversations
+            )
         differ = sum(rounds_answers.get(k) != v for k, v in answers.items())
         extra = {
             "a_rounds_s": rounds_s,
@@ -326,7 +348,8 @@ def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> 
     wider = config.target.model_copy(update={"max_model_len": config.target.max_model_len + 1})
     capture = VLLMTarget(wider, model_dir, capture=True)
     start_b = time.perf_counter() - t0
-    b2_s = second_pass(capture, answers, work / "two-pass")
+    with host_work_isolated():
+        b2_s = second_pass(capture, answers, work / "two-pass")
     capture.close()
     del capture
     _free()

@@ -95,6 +95,21 @@ class Ledger:
             self.values[slot] = value
 
 
+class _Inline:
+    """Runs each task at once on the calling thread (an executor without threads)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:
+            future.set_exception(err)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
 class _Spilled:
     """Stands for an encoded row that went to its unit's spill file."""
 
@@ -114,6 +129,9 @@ class ShardWriteback:
 
     `rows`: the engine's spool, for `SpooledSample`s (their rows are taken
     on the calling thread, so call `add` and `discard` from one thread).
+    `threads=False`: encode on the calling thread instead (a process with
+    one CPU gains nothing from handing encoding to threads, and pays their
+    switches); writes keep their threads, which mostly wait on storage.
     """
 
     def __init__(
@@ -125,6 +143,7 @@ class ShardWriteback:
         spill_dir: str | None = None,
         rows: SpoolRows | None = None,
         ledger: Ledger | None = None,
+        threads: bool = True,
     ) -> None:
         if num_encode_workers < 1 or num_write_workers < 1:
             raise ValueError("num_encode_workers and num_write_workers must be >= 1")
@@ -135,7 +154,11 @@ class ShardWriteback:
         self.rows = rows
         self.ledger = ledger or Ledger()
         self._spills: dict[str, SpillFile] = {}
-        self._encode = ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
+        self._encode = (
+            ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
+            if threads
+            else _Inline()
+        )
         self._write = ThreadPoolExecutor(num_write_workers, thread_name_prefix="write")
         # unit id -> (sample id, its encoded row or error record)
         self._rows: dict[str, list[tuple[str, Future]]] = {}

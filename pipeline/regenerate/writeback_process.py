@@ -184,6 +184,14 @@ class ProcessWriteback:
         self._opened.discard(unit_id)
         self._queue(("finish", unit_id, target, list(errors)))
 
+    def flush(self) -> None:
+        """Send what was added, discarded and finished since the last flush, in order, as
+        one message (the feeder flushes once per engine step: one pickle and one pipe
+        write per step instead of per sample)."""
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._send(("batch", batch))
+
     def close(self) -> None:
         """Stop the child (units not written fail); waits for it briefly, then kills it."""
         self._closing = True
@@ -200,14 +208,6 @@ class ProcessWriteback:
         self._fail_all(WritebackFailed("the write-back was closed before the unit was written"))
 
     # ------------------------------------------------------------------ internals
-
-    def flush(self) -> None:
-        """Send what was added, discarded and finished since the last flush, in order, as
-        one message (the feeder flushes once per engine step: one pickle and one pipe
-        write per step instead of per sample)."""
-        if self._batch:
-            batch, self._batch = self._batch, []
-            self._send(("batch", batch))
 
     def _queue(self, message: tuple) -> None:
         if self._failed is not None:
@@ -318,14 +318,17 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
                 writeback.discard(message[1])
             elif kind == "attach":
                 contract = message[1] or contract
+                cpus = _num_cpus()
                 writeback = ShardWriteback(
-                    # More encode threads than CPUs to run them on only contend.
-                    num_encode_workers=min(settings.num_encode_workers, _num_cpus()),
+                    # More encode threads than CPUs to run them on only contend; on one
+                    # CPU this thread does the work itself.
+                    num_encode_workers=min(settings.num_encode_workers, cpus),
                     num_write_workers=settings.num_write_workers,
                     spill_above_bytes=settings.spill_above_bytes,
                     spill_dir=settings.spill_dir,
                     rows=SpoolRows(contract) if contract else None,
                     ledger=Ledger(ledger_values),
+                    threads=cpus > 1,
                 )
             elif kind == "finish":
                 _, unit_id, target, errors = message

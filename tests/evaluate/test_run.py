@@ -114,13 +114,21 @@ def test_cli_reports_config_errors_with_the_key(tmp_path):
 
 
 def _live_equals_offline(run_dir, target_dir, name: str, use_heads: bool = True) -> int:
-    """Samples on which the live loop at T=0 accepted what the offline walk accepts per round."""
+    """Samples on which the live loop at T=0 accepted what the offline walk accepts per round.
+
+    The two read their target features from different engines (the shard's
+    vLLM capture offline, the HF verifier live), rounded to bfloat16 each: a
+    draft whose two best tokens tie within that rounding may pick the other
+    one. So each live round is compared with the offline table at the live
+    round's own anchor (one flipped tie does not shift the rounds after it),
+    and a sample may differ in at most one round, all samples in at most 5%.
+    """
     draft = load_draft(run_dir, target_dir=target_dir)
     config = _config(run_dir, run_dir / "unused")
     samples, _ = load_heldout(config, {name: draft.train_config}, {name: draft.spec}, target_dir)
     drafter = make_drafter(name, draft, use_heads=use_heads)
     verifier = HFVerifier(str(target_dir), draft.spec.aux_layer_ids)
-    compared = 0
+    compared, rounds, differing = 0, 0, 0
     for sample in samples[:4]:
         p = sample.num_prompt_tokens
         run = live_decode(
@@ -134,11 +142,22 @@ def _live_equals_offline(run_dir, target_dir, name: str, use_heads: bool = True)
         if run.output != sample.input_ids[p:].tolist():
             continue  # batched HF generate chose another greedy path (ties): not comparable
         table = anchor_table(sample, drafter)
-        anchors = walk(accepted=table.accepted, start=table.start, end=table.end)
-        assert run.accepted == table.accepted[anchors].tolist()
+        # The live rounds' anchors: the first answer token, then one past each round's tokens.
+        anchors = [table.start]
+        for acc in run.accepted[:-1]:
+            anchors.append(anchors[-1] + acc + 1)
+        offline = table.accepted[anchors].tolist()
+        here = sum(a != b for a, b in zip(run.accepted, offline, strict=True))
+        assert here <= 1, f"{sample.sample_id}: live {run.accepted} offline {offline}"
+        rounds += len(offline)
+        differing += here
+        if here == 0:
+            # Without a flipped tie the live loop walks exactly the offline walk's rounds.
+            assert anchors == walk(accepted=table.accepted, start=table.start, end=table.end)
         assert max(run.accepted) > 0  # a trained draft: rounds do accept tokens
         compared += 1
     verifier.target.close()
+    assert differing <= 0.05 * rounds, (differing, rounds)
     return compared
 
 
