@@ -309,20 +309,32 @@ def host_work_isolated():
     """The replica's CPU isolation for an engine started by this process (cpus.py): this
     thread and the engine core move off the model worker's cores while the block runs.
     (c) gets it from its replica; (a) and (b) get it here, so the baselines are set up
-    as well as the shipped stage (without it, (a) ran up to 1.3x slower here)."""
-    from pipeline.regenerate.cpus import isolate_host_work
+    as well as the shipped stage (without it, (a) ran up to 1.3x slower here).
 
+    Only vLLM's processes move (titled `VLLM::`): this process is also Ray's parent,
+    and a Ray worker moved onto the host CPUs would later hold (c)'s replica, its
+    engine then bound inside that one CPU (measured: (c) at half its speed)."""
+    from pipeline.regenerate.cpus import descendants, isolate_host_work
+
+    title = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     saved = os.sched_getaffinity(0)
-    isolate_host_work()
+    isolate_host_work(keep={p for p in descendants(os.getpid()) if title not in _cmdline(p)})
     try:
         yield
     finally:  # later engines started from this thread bind their workers from its mask
         os.sched_setaffinity(0, saved)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
     from pipeline.targets.resolve import resolve_model
-    from pipeline.targets.vllm_backend import VLLMTarget
+    from pipeline.targets.vllm_backend import VLLMTarget, shutdown_engine
 
     model_dir = resolve_model(config.target.model)
     llm, tokenizer, start_a = plain_engine(config)
@@ -340,6 +352,7 @@ def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> 
             "a_rounds_tok_s": rounds_generated / rounds_s,
             "a_rounds_answers_differ": differ,  # bf16 near-ties under other batch shapes
         }
+    shutdown_engine(llm)
     del llm
     _free()
     t0 = time.perf_counter()
