@@ -134,14 +134,15 @@ def record(ab: str, results: dict, args, load: float) -> None:
 
     fmt = fmt_spread
     changes = ", ".join(f"`regenerate.{k}: {v}`" for k, v in settings.items())
+    if START_COUNT in settings.values():
+        changes += f" ({START_COUNT}: the count a replica starts with)"
     lines = [
         f"# {title} A/B (bench/regenerate_ab.py --ab {ab})",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f} at "
         f"start. (c) = `run_regenerate`, default config, through local Ray, committing shards; "
         f"the workload of bench/regenerate.py; {args.rounds} alternating rounds, medians "
-        f"[min-max], engine starts excluded. {a} = as shipped; {b} = {changes} "
-        f"({START_COUNT}: the count a replica starts with).",
+        f"[min-max], engine starts excluded. {a} = as shipped; {b} = {changes}.",
         "",
         f"| target | conversations | {a} tok/s | {b} tok/s | {a} / {b} | mean batch "
         f"{a} / {b} | engine steps {a} / {b} | admit s {a} / {b} | handle s {a} / {b} "
