@@ -314,22 +314,15 @@ def host_work_isolated():
     Only vLLM's processes move (titled `VLLM::`): this process is also Ray's parent,
     and a Ray worker moved onto the host CPUs would later hold (c)'s replica, its
     engine then bound inside that one CPU (measured: (c) at half its speed)."""
-    from pipeline.regenerate.cpus import descendants, isolate_host_work
+    from pipeline.regenerate.cpus import cmdline, descendants, isolate_host_work
 
     title = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     saved = os.sched_getaffinity(0)
-    isolate_host_work(keep={p for p in descendants(os.getpid()) if title not in _cmdline(p)})
+    isolate_host_work(keep={p for p in descendants(os.getpid()) if title not in cmdline(p)})
     try:
         yield
     finally:  # later engines started from this thread bind their workers from its mask
         os.sched_setaffinity(0, saved)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except OSError:
-        return ""
 
 
 def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:

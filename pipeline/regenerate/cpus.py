@@ -103,9 +103,14 @@ def cpu_by_role(writeback_pid: int | None) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line (its title, where it set one); "" where it is gone."""
+    return _read(f"/proc/{pid}/cmdline").replace("\0", " ")
+
+
 def _is_worker(pid: int) -> bool:
     """vLLM titles its model-worker processes `VLLM::Worker...`."""
-    return "Worker" in _read(f"/proc/{pid}/cmdline").replace("\0", " ")
+    return "Worker" in cmdline(pid)
 
 
 def _span(cpus: set[int]) -> str:

@@ -306,9 +306,7 @@ def shutdown_engine(llm: Any) -> None:
     """Stop an `LLM`'s engine-core and worker processes now. Dropping the last reference
     is not enough: measured in bench/regenerate.py, a deleted engine's processes (and the
     host memory its KV cache reserves) stayed up beside the next engine."""
-    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if client is not None and hasattr(client, "shutdown"):
-        client.shutdown()
+    llm.llm_engine.engine_core.shutdown()
 
 
 def _export_package_path() -> None:
