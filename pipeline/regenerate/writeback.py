@@ -198,7 +198,7 @@ class ShardWriteback:
         if isinstance(sample, SpooledSample):
             if self.rows is None:
                 raise TypeError("a spooled sample needs the write-back's spool rows")
-            parts = self.rows.take(sample.sample_id)
+            parts = self.rows.take(sample.sample_id, sample.num_tokens - 1)
         self._account(raw)
         with self._lock:
             self.ledger.add("received_bytes", raw)

@@ -10,11 +10,18 @@ assembling per-request tensors and the target's final norm. It imports no vLLM
 (the connector imports it, not the other way round). See docs/capture.md.
 
 Spool format (one file per engine step, written atomically: temp + rename):
-a safetensors file with one tensor `rows` of shape (num_rows, num_aux, H) in
-the model dtype and string metadata `format`, `step`, `spans` (JSON list of
-`[key, start, length]`: rows `offset .. offset+length` are positions
-`start ..` of request `key`, offsets accumulate in list order). No pickle:
-a spool file is data and never executes code when read.
+a safetensors file with tensors `rows` (num_rows, num_aux, H) in the model
+dtype and `spans` (int64, (2, num_requests): each request's start and
+length), and string metadata `format`, `step`, `keys` (the requests' keys
+joined by newlines): rows `offset .. offset+length` are positions `start ..`
+of request `key`, offsets accumulate in list order. The writer frames the
+file itself (one vectored write of header and tensors, no serialised copy),
+and files are recycled: the reader renames a file it has read to a free slot
+(`.free-<writer>-<step mod SPOOL_SLOTS>`) that the writer takes again
+SPOOL_SLOTS steps later, so a step overwrites pages tmpfs already holds
+instead of allocating new ones (the engine writes a file every step, on the
+model worker's critical path: bench/writeback_replay.py has the figures).
+No pickle: a spool file is data and never executes code when read.
 """
 
 from __future__ import annotations
@@ -31,8 +38,11 @@ if TYPE_CHECKING:
 
 CONNECTOR_NAME = "HiddenStateCaptureConnector"
 CONNECTOR_MODULE = "pipeline.targets.capture_connector"
-SPOOL_FORMAT = "dspark-capture-chunk/1"
+SPOOL_FORMAT = "dspark-capture-chunk/2"
 SPOOL_SUFFIX = ".safetensors"
+SPOOL_SLOTS = 16  # free files kept per writer for reuse
+SPOOL_RECYCLE_BYTES = 16 << 20  # larger files (long prefills) are removed, not kept
+_SPOOL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 TRANSPORTS = ("spool", "inprocess", "discard")
 METHODS = ("aux_outputs", "extract_hidden_states")
 WORKER_CLASS = "pipeline.targets.capture_worker.CaptureWorker"
@@ -130,6 +140,10 @@ def worker_engine_kwargs(sink: SinkSpec, engine_aux_ids: list[int]) -> dict[str,
 
 def capture_params(key: str, method: str = "extract_hidden_states") -> dict[str, Any]:
     """`SamplingParams.extra_args` that capture one request (prompt and output) under `key`."""
+    if "\n" in str(key):
+        raise ValueError(
+            f"a capture key cannot hold a newline (the spool joins keys by it): {key!r}"
+        )
     if method == "aux_outputs":
         return {CAPTURE_ARG: str(key)}
     return {"kv_transfer_params": {"capture_key": str(key), "include_output_tokens": True}}
@@ -154,42 +168,109 @@ def take_inprocess(channel: str) -> list[CaptureChunk]:
 
 def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
     """One safetensors file per step; readers never see a partial file (temp + rename)."""
-    from safetensors.torch import save_file
+    import numpy as np
+    import torch
 
     name = f"{chunk.step:012d}-{writer_id}{SPOOL_SUFFIX}"
     tmp = os.path.join(directory, f".{name}.tmp")
-    spans = [[k, s, n] for k, s, n in zip(chunk.keys, chunk.starts, chunk.lengths, strict=True)]
-    metadata = {"format": SPOOL_FORMAT, "step": str(chunk.step), "spans": json.dumps(spans)}
-    save_file({"rows": chunk.rows.contiguous()}, tmp, metadata=metadata)
+    rows = chunk.rows.contiguous()
+    dtype = _SPOOL_DTYPES.get(str(rows.dtype).removeprefix("torch."))
+    if dtype is None:
+        raise ValueError(f"spool rows must be one of {sorted(_SPOOL_DTYPES)}, got {rows.dtype}")
+    spans = np.array([chunk.starts, chunk.lengths], dtype=np.int64).reshape(2, -1)
+    rows_bytes = rows.view(torch.uint8).numpy().reshape(-1)
+    header = {
+        "__metadata__": {
+            "format": SPOOL_FORMAT,
+            "step": str(chunk.step),
+            "keys": "\n".join(chunk.keys),
+        },
+        "rows": {"dtype": dtype, "shape": list(rows.shape), "data_offsets": [0, rows_bytes.size]},
+        "spans": {
+            "dtype": "I64",
+            "shape": list(spans.shape),
+            "data_offsets": [rows_bytes.size, rows_bytes.size + spans.nbytes],
+        },
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors aligns the data to 8 bytes
+    parts = [len(head).to_bytes(8, "little"), head, rows_bytes, spans.reshape(-1).view(np.uint8)]
+    size = sum(len(p) for p in parts)
+    try:  # a free file of this writer: its pages are already there
+        os.rename(os.path.join(directory, _free_name(writer_id, chunk.step)), tmp)
+        fd = os.open(tmp, os.O_WRONLY)
+    except FileNotFoundError:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        written = os.pwritev(fd, parts, 0)
+        if written != size:
+            raise OSError(f"spool file {tmp}: wrote {written} of {size} bytes")
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
     os.replace(tmp, os.path.join(directory, name))
 
 
-def read_spool(directory: str) -> list[CaptureChunk]:
-    """Every complete chunk file in `directory`, removed once read."""
-    from safetensors import safe_open
+def _free_name(writer_id: str, step: int) -> str:
+    return f".free-{writer_id}-{step % SPOOL_SLOTS}"
 
+
+def read_spool(directory: str) -> list[CaptureChunk]:
+    """Every complete chunk file in `directory`, recycled (or removed) once read."""
     chunks = []
     for name in sorted(os.listdir(directory)):
         if name.startswith(".") or not name.endswith(SPOOL_SUFFIX):
             continue
         path = os.path.join(directory, name)
-        with safe_open(path, framework="pt") as fh:
-            meta = fh.metadata() or {}
-            if meta.get("format") != SPOOL_FORMAT:
-                raise ValueError(f"{path}: not a capture chunk (format {meta.get('format')!r})")
-            rows = fh.get_tensor("rows")
-        os.remove(path)
-        spans = json.loads(meta["spans"])
-        chunks.append(
-            CaptureChunk(
-                int(meta["step"]),
-                [str(k) for k, _, _ in spans],
-                [int(s) for _, s, _ in spans],
-                [int(n) for _, _, n in spans],
-                rows,
-            )
-        )
+        chunk, size = _read_chunk(path)
+        writer_id = name[: -len(SPOOL_SUFFIX)].partition("-")[2]
+        if size <= SPOOL_RECYCLE_BYTES and writer_id:
+            os.replace(path, os.path.join(directory, _free_name(writer_id, chunk.step)))
+        else:
+            os.remove(path)
+        chunks.append(chunk)
     return chunks
+
+
+def _read_chunk(path: str) -> tuple[CaptureChunk, int]:
+    """One spool file (safetensors, as `write_spool` frames it) and its size in bytes."""
+    import numpy as np
+    import torch
+
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        data = bytearray(size)  # writable: the final norm is applied to the rows in place
+        if fh.readinto(data) != size:
+            raise ValueError(f"{path}: short read")
+    try:
+        head_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + head_len])
+        meta = header.get("__metadata__") or {}
+    except (ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: not a capture chunk ({err})") from None
+    if meta.get("format") != SPOOL_FORMAT:
+        raise ValueError(f"{path}: not a capture chunk (format {meta.get('format')!r})")
+    base = 8 + head_len
+    rows_at, spans_at = header["rows"], header["spans"]
+    dtype = {v: k for k, v in _SPOOL_DTYPES.items()}[rows_at["dtype"]]
+    begin, end = rows_at["data_offsets"]
+    rows = torch.frombuffer(
+        data,
+        dtype=getattr(torch, dtype),
+        offset=base + begin,
+        count=(end - begin) // getattr(torch, dtype).itemsize,
+    )
+    rows = rows.view(rows_at["shape"])
+    begin, end = spans_at["data_offsets"]
+    spans = np.frombuffer(data, dtype=np.int64, offset=base + begin, count=(end - begin) // 8)
+    starts, lengths = spans.reshape(spans_at["shape"]).tolist()
+    keys = meta["keys"].split("\n") if starts else []
+    if len(keys) != len(starts) or sum(lengths) != rows.shape[0]:
+        raise ValueError(
+            f"{path}: {len(keys)} keys and {len(starts)} spans (summing to {sum(lengths)} rows) "
+            f"do not describe its {rows.shape[0]} rows"
+        )
+    return CaptureChunk(int(meta["step"]), keys, starts, lengths, rows), size
 
 
 class CaptureReader:
@@ -228,46 +309,83 @@ class CaptureAssembler:
     of requests still running stay here until theirs does. Add chunks in step
     order: a later step overwrites an earlier one at the same position (a
     rejected draft row, a recomputation after preemption).
+
+    Pieces are numpy views of the chunk's rows (`row_bits`: the same bytes as
+    integers): a request gets one piece per engine step, ~75 per trained-toy
+    sample, and slicing a numpy array costs a tenth of slicing a tensor.
+    `RowLayout.to_captured` and `join_parts` take them as they are.
     """
 
     def __init__(self) -> None:
-        self._pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        self._pieces: dict[str, list[tuple[int, Any]]] = defaultdict(list)
         self.nbytes = 0  # bytes of rows held for requests not yet taken
+        self.dtype: torch.dtype | None = None  # of the rows added so far
 
     def add(self, chunks: list[CaptureChunk]) -> None:
         for chunk in chunks:
+            self.dtype = chunk.rows.dtype
+            bits = row_bits(chunk.rows)
+            row_bytes = bits[0].nbytes if len(bits) else 0
             offset = 0
             for key, start, length in zip(chunk.keys, chunk.starts, chunk.lengths, strict=True):
-                rows = chunk.rows[offset : offset + length]
-                self._pieces[key].append((start, rows))
-                self.nbytes += rows.numel() * rows.element_size()
+                self._pieces[key].append((start, bits[offset : offset + length]))
                 offset += length
+            self.nbytes += offset * row_bytes
 
     def keys(self) -> list[str]:
         return list(self._pieces)
 
-    def take_parts(self, key: str) -> list[tuple[int, torch.Tensor]]:
+    def reaches(self, key: str, end: int) -> bool:
+        """Whether `key`'s pieces so far write a position at or past `end - 1`."""
+        return any(start + len(rows) >= end for start, rows in self._pieces.get(key, ()))
+
+    def take_parts(self, key: str) -> list[tuple[int, Any]]:
         """The pieces of `key` as they came (no copy); `join_parts` assembles them."""
         parts = self._pieces.pop(key, [])
-        self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
+        self.nbytes -= sum(rows.nbytes for _, rows in parts)
         return parts
 
     def take(self, key: str) -> torch.Tensor | None:
         """`(num_positions, num_aux, H)` for positions 0.. of `key` (None if nothing came);
         raises when a position was never written."""
-        return join_parts(key, self.take_parts(key))
+        return join_parts(key, self.take_parts(key), self.dtype)
 
     def discard(self, key: str) -> None:
         parts = self._pieces.pop(key, [])
-        self.nbytes -= sum(rows.numel() * rows.element_size() for _, rows in parts)
+        self.nbytes -= sum(rows.nbytes for _, rows in parts)
 
 
-def join_parts(key: str, parts: list[tuple[int, torch.Tensor]]) -> torch.Tensor | None:
+_BITS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def row_bits(rows: torch.Tensor):
+    """A tensor's bytes as a numpy integer array of its shape (no copy; any dtype)."""
+    import torch
+
+    return rows.view(getattr(torch, _BITS[rows.element_size()])).numpy()
+
+
+def from_bits(bits, dtype: torch.dtype) -> torch.Tensor:
+    """`row_bits` undone: the numpy array's bytes as a tensor of `dtype` (no copy)."""
+    import torch
+
+    return torch.from_numpy(bits).view(dtype)
+
+
+def as_rows(piece, dtype: torch.dtype) -> torch.Tensor:
+    """A piece as a tensor: `row_bits` views become `dtype` again, tensors pass."""
+    import numpy as np
+
+    return from_bits(piece, dtype) if isinstance(piece, np.ndarray) else piece
+
+
+def join_parts(key: str, parts: list[tuple[int, Any]], dtype=None) -> torch.Tensor | None:
     """One request's rows from its pieces, in arrival order (last write wins); raises on holes."""
     import torch
 
     if not parts:
         return None
+    parts = [(start, as_rows(rows, dtype)) for start, rows in parts]
     end = max(start + rows.shape[0] for start, rows in parts)
     first = parts[0][1]
     buf = first.new_empty((end, *first.shape[1:]))

@@ -38,11 +38,40 @@ def test_spool_round_trip_is_safetensors_and_drains(tmp_path):
     with safe_open(str(tmp_path / names[0]), framework="pt") as fh:
         assert fh.metadata()["format"] == capture.SPOOL_FORMAT
     chunks = read_spool(str(tmp_path))
-    assert [c.step for c in chunks] == [0, 1] and os.listdir(tmp_path) == []
+    # Read files become the writer's free slots (hidden), never chunks again.
+    assert [c.step for c in chunks] == [0, 1]
+    assert sorted(os.listdir(tmp_path)) == [".free-w1-0", ".free-w1-1"]
+    assert read_spool(str(tmp_path)) == []
     assert chunks[0].keys == ["a", "b"] and chunks[0].rows.dtype == torch.bfloat16
     rows = assemble(chunks)
     assert rows["a"][:, 0, 0].tolist() == [0, 1, 2, 3, 4]
     assert rows["b"].shape == (2, 2, 4)
+
+
+def test_spool_files_are_recycled_and_oversized_ones_removed(tmp_path, monkeypatch):
+    """A free slot is overwritten in place (same inode, its pages reused); a file past
+    SPOOL_RECYCLE_BYTES is removed instead; a shorter rewrite is cut to its size."""
+    directory = str(tmp_path)
+    write_spool(directory, "w1", _chunk(0, [("a", 0, 6)]))
+    read_spool(directory)
+    inode = os.stat(tmp_path / ".free-w1-0").st_ino
+    step = capture.SPOOL_SLOTS  # the writer takes slot 0 again this step
+    write_spool(directory, "w1", _chunk(step, [("b", 0, 2)], value=7.0))
+    assert not (tmp_path / ".free-w1-0").exists()
+    name = f"{step:012d}-w1.safetensors"
+    assert os.stat(tmp_path / name).st_ino == inode
+    (chunk,) = read_spool(directory)
+    assert chunk.keys == ["b"] and chunk.rows.shape == (2, 2, 4)
+    assert chunk.rows.float().eq(7.0).all()
+    monkeypatch.setattr(capture, "SPOOL_RECYCLE_BYTES", 16)
+    write_spool(directory, "w1", _chunk(1, [("c", 0, 1)]))
+    read_spool(directory)
+    assert not (tmp_path / ".free-w1-1").exists()
+
+
+def test_capture_keys_cannot_hold_the_spool_separator():
+    with pytest.raises(ValueError, match="newline"):
+        capture.capture_params("a\nb", "aux_outputs")
 
 
 def test_temp_files_and_foreign_files_are_skipped_or_rejected(tmp_path):

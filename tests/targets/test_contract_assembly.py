@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipeline.targets.base import Generation
-from pipeline.targets.capture import rms_norm
+from pipeline.targets.capture import rms_norm, row_bits
 from pipeline.targets.capture_rows import RowLayout, _tiled
 
 K, H = 3, 16
@@ -76,6 +76,19 @@ def test_every_layout_gives_the_reference_tensors(layout):
     assert torch.equal(cap.hidden_states, hidden)
     assert torch.equal(cap.last_hidden_state, last)
     assert cap.hidden_states.shape == (12, K * H) and not cap.hidden_states[-1].any()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_assemblers_numpy_pieces_give_the_same_tensors(layout):
+    """The assembler hands out numpy views of the rows' bits (`row_bits`); both paths take them."""
+    parts = LAYOUTS[layout]()
+    bits = [(start, row_bits(rows)) for start, rows in parts]
+    for normed in (False, True):
+        want = _target().to_captured(_gen(7, 5), parts, normed=normed)
+        got = _target().to_captured(_gen(7, 5), bits, normed=normed)
+        assert torch.equal(got.hidden_states, want.hidden_states)
+        assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+        assert got.hidden_states.dtype == torch.bfloat16
 
 
 def test_fast_path_taken_only_for_in_order_tiles():
