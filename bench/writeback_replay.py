@@ -1,24 +1,37 @@
-"""The write-back's host CPU per sample, without an engine: a recorded-shape spool replayed.
+"""Host CPU of capture's plumbing, without an engine: the spool and the write-back, replayed.
 
-    .venv/bin/python bench/writeback_replay.py [--samples 5477] [--rounds 3] [--profile]
+    .venv/bin/python bench/writeback_replay.py [--against REF] [--samples 5477] [--rounds 3]
+        [--profile PATH] [--no-write]
 
-The trained toy is host-bound (bench/regenerate.py): its write-back process
-spends ~1 ms of CPU per sample on the one host core the engine core also
-needs. This replays that work alone, deterministic and quick to profile:
-an engine-like spool (one chunk file per step, ~250 requests in flight,
-prompts of ~24 tokens and answers of ~50, 3 aux streams + the final one at
-hidden 128, bf16: the trained toy's shape) is written first (not timed),
-then one thread does what the write-back process does with it: take each
-finished request's rows from the spool, build its sample, encode it, and
-write each unit's shard (units of ~68 samples) when its last sample is in.
-Reports CPU microseconds per sample (median of the rounds, with the range).
+On a CPU with native bf16 the trained toy's regeneration is host-bound
+(bench/regenerate.py, docs/capture.md): its write-back process spends ~1 ms
+of CPU per sample on the one host core the engine core also needs, and the
+model worker writes a spool file every engine step. This replays both
+alone, deterministic and quick to profile, on the trained toy's shape
+(~250 requests in flight, prompts of 8-40 tokens, answers of ~50 with an
+exponential tail, 3 aux streams + the final one at hidden 128, bf16, units of
+68 samples): each engine step's spool file is written as the model worker
+writes it (timed apart: the engine's share), then one thread does what the
+write-back process does: take each finished request's rows from the spool,
+build its sample, encode it, and write each unit's shard when its last
+sample is in. Reported: write-back CPU microseconds per sample and the
+worker's spool write per step, medians of the rounds with their range.
+
+`--against REF` runs the same replay on the code of git ref REF (a
+worktree) in alternating rounds, each round in fresh processes, and reports
+REF / this checkout per round: the side-by-side figure for a change to this
+plumbing. Results merge into bench/results.json (`writeback_replay_*`) and
+this bench's section of RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,7 +39,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if "--child" not in sys.argv:
+    sys.path.insert(0, str(ROOT))
 
 HIDDEN, NUM_AUX, IN_FLIGHT, UNIT_SAMPLES = 128, 3, 250, 68
 
@@ -104,19 +118,20 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
         if len(written) == num_units:
             all_written.set()
 
-    # The engine's spool files, written first (not counted), then moved in step by step.
-    staged = os.path.join(spool, "staged")
-    os.mkdir(staged)
+    # The rows of every step, made before the clock starts.
     g = torch.Generator().manual_seed(0)
-    plan_ = list(steps(requests))
-    for chunk_args, _ in plan_:
-        rows_ = torch.randn(sum(chunk_args[3]), NUM_AUX + 1, HIDDEN, generator=g)
-        write_spool(staged, "w0", CaptureChunk(*chunk_args, rows_.to(torch.bfloat16)))
-    names = sorted(os.listdir(staged))
+    plan_ = [
+        (chunk_args, finished, torch.randn(sum(chunk_args[3]), NUM_AUX + 1, HIDDEN, generator=g))
+        for chunk_args, finished in steps(requests)
+    ]
+    plan_ = [(a, f, rows_.to(torch.bfloat16)) for a, f, rows_ in plan_]
     units: dict[str, int] = {}
-    started, main_started, wall = time.process_time(), time.thread_time(), time.perf_counter()
-    for name, (_, finished) in zip(names, plan_, strict=True):
-        os.rename(os.path.join(staged, name), os.path.join(spool, name))
+    engine = 0.0  # the worker's share: writing the step's spool file
+    started = time.process_time()
+    for chunk_args, finished, rows_ in plan_:
+        t0 = time.thread_time()
+        write_spool(spool, "w0", CaptureChunk(*chunk_args, rows_))
+        engine += time.thread_time() - t0
         for r in finished:
             rid, prompt, output = requests[r]
             unit = f"u{r // UNIT_SAMPLES:05d}"
@@ -129,47 +144,157 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
         writeback.flush()
     all_written.wait()
     writeback.close()
-    seconds = time.process_time() - started
-    print(
-        f"  main thread {time.thread_time() - main_started:.2f} CPU s, "
-        f"wall {time.perf_counter() - wall:.2f} s"
-    )
+    writeback_seconds = time.process_time() - started - engine
     bad = [(w, e) for w, e in written if e is not None or w.row_errors]
     if bad:
         raise RuntimeError(f"{len(bad)} units failed or had row errors, first: {bad[0]}")
-    return seconds, sum(w.shard.rows for w, _ in written)
+    samples = sum(w.shard.rows for w, _ in written)
+    if samples != len(requests):
+        raise RuntimeError(f"{samples} rows written of {len(requests)} samples")
+    return {
+        "writeback_us_per_sample": writeback_seconds / samples * 1e6,
+        "spool_write_us_per_step": engine / len(plan_) * 1e6,
+        "steps": len(plan_),
+    }
+
+
+def child(args) -> None:
+    """One round on the code under `--code` (this checkout or a worktree): JSON on stdout."""
+    requests = plan(args.samples)
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+        spool, out = Path(tmp, "spool"), Path(tmp, "out")
+        spool.mkdir()
+        if args.profile:
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                got = replay(str(spool), str(out), requests)
+            prof.dump_stats(args.profile)
+        else:
+            got = replay(str(spool), str(out), requests)
+    import pipeline
+
+    if not Path(pipeline.__file__).resolve().is_relative_to(Path(args.code).resolve()):
+        raise RuntimeError(f"imported {pipeline.__file__}, not the code under {args.code}")
+    print(json.dumps(got))
+
+
+def one_round(code: Path, args, profile: str | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--code", str(code)]
+    cmd += ["--samples", str(args.samples)] + (["--profile", profile] if profile else [])
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--against", help="a git ref whose code runs beside this checkout's")
     p.add_argument("--samples", type=int, default=5477)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--profile", help="write a cProfile of one more round to this path")
+    p.add_argument("--profile", help="write a cProfile of one more round (this checkout) here")
+    p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--code", help=argparse.SUPPRESS)
     args = p.parse_args()
-    requests = plan(args.samples)
-    per_sample = []
-    for round_ in range(args.rounds + bool(args.profile)):
-        with tempfile.TemporaryDirectory() as tmp:
-            spool, out = Path(tmp, "spool"), Path(tmp, "out")
-            spool.mkdir()
-            if round_ == args.rounds:
-                import cProfile
+    if args.child:
+        return child(args)
 
-                with cProfile.Profile() as prof:
-                    replay(str(spool), str(out), requests)
-                prof.dump_stats(args.profile)
-                print(f"profile: {args.profile}")
-                continue
-            seconds, n = replay(str(spool), str(out), requests)
-        per_sample.append(seconds / n * 1e6)
-        print(f"round {round_}: {n} samples, {seconds:.2f} CPU s, {per_sample[-1]:.0f} us/sample")
-    if per_sample:
-        per_sample.sort()
-        print(
-            f"write-back CPU per sample: {per_sample[len(per_sample) // 2]:.0f} us "
-            f"[{per_sample[0]:.0f}-{per_sample[-1]:.0f}]"
+    from results_file import fmt_spread, merge_results, spread, write_section
+
+    load = os.getloadavg()[0]
+    worktree = None
+    codes = {"this": ROOT}
+    try:
+        if args.against:
+            worktree = Path(tempfile.mkdtemp(prefix="replay-ref-"))
+            subprocess.run(
+                [
+                    "git",
+                    "-C",
+                    str(ROOT),
+                    "worktree",
+                    "add",
+                    "--detach",
+                    str(worktree),
+                    args.against,
+                ],
+                check=True,
+                capture_output=True,
+            )
+            codes["ref"] = worktree
+        per_round = []
+        for round_ in range(args.rounds):
+            order = list(codes) if round_ % 2 == 0 else list(codes)[::-1]
+            r = {}
+            for name in order:
+                r.update({f"{name}_{k}": v for k, v in one_round(codes[name], args).items()})
+            if args.against:
+                for k in ("writeback_us_per_sample", "spool_write_us_per_step"):
+                    r[f"ref_over_this_{k}"] = r[f"ref_{k}"] / r[f"this_{k}"]
+            per_round.append({k: round(v, 3) for k, v in r.items()})
+            print(f"round {round_} ({'+'.join(order)}): {json.dumps(per_round[-1])}", flush=True)
+        if args.profile:
+            one_round(ROOT, args, args.profile)
+            print(f"profile: {args.profile}")
+    finally:
+        if worktree is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)])
+    keys = [k for k in per_round[0] if not k.endswith("_steps")]
+    med = {k: spread(r[k] for r in per_round) for k in keys}
+    for k, v in med.items():
+        print(f"{k}: {fmt_spread(v, 3)}")
+    if args.no_write:
+        return
+    flat = {f"writeback_replay_{k}": round(v["median"], 3) for k, v in med.items()}
+    flat.update(
+        {
+            f"writeback_replay_{k}_range": [round(v["min"], 3), round(v["max"], 3)]
+            for k, v in med.items()
+        }
+    )
+    flat["writeback_replay_against"] = args.against
+    flat["writeback_replay_cpu_capability"] = cpu_capability()
+    merge_results(flat)
+    lines = [
+        "# Capture plumbing replayed (bench/writeback_replay.py)",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_capability()}), load "
+        f"average {load:.1f} at start. {args.samples} samples of the trained toy's shape, "
+        f"{per_round[0]['this_steps']} engine steps, {args.rounds} alternating rounds, medians "
+        "[min-max]; each round in fresh processes. this = this checkout"
+        + (f"; ref = `{args.against}`." if args.against else "."),
+        "",
+        "| code | write-back CPU us / sample | spool write us / step (model worker) |",
+        "|---|---|---|",
+    ]
+    for name in codes:
+        lines.append(
+            f"| {name} | {fmt_spread(med[f'{name}_writeback_us_per_sample'])} | "
+            f"{fmt_spread(med[f'{name}_spool_write_us_per_step'])} |"
         )
+    if args.against:
+        lines += [
+            "",
+            "ref / this: write-back "
+            f"{fmt_spread(med['ref_over_this_writeback_us_per_sample'], 3)}, spool write "
+            f"{fmt_spread(med['ref_over_this_spool_write_us_per_step'], 3)}.",
+        ]
+    lines += ["", "Per round:", ""] + [
+        f"* round {i}: {json.dumps(r)}" for i, r in enumerate(per_round)
+    ]
+    write_section("bench/writeback_replay.py", "\n".join(lines))
+    print("wrote bench/results.json and bench/RESULTS.md", flush=True)
+
+
+def cpu_capability() -> str:
+    """torch's CPU capability (AVX2, AVX512, ...): bf16 arithmetic is native only with AVX512-BF16/AMX."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
 
 
 if __name__ == "__main__":
+    if "--child" in sys.argv:  # the code under test first on the path
+        code = sys.argv[sys.argv.index("--code") + 1]
+        sys.path.insert(0, code)
     main()
