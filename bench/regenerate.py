@@ -72,7 +72,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from results_file import fmt_spread, merge_results, spread, write_section  # bench/ is sys.path[0]
+from results_file import (  # bench/ is sys.path[0]
+    cpu_capability,
+    fmt_spread,
+    merge_results,
+    spread,
+    write_section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -680,8 +686,8 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
     lines = [
         "# Regeneration benchmark (bench/regenerate.py)",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average {load:.1f} at "
-        f"start. vLLM CPU, synthetic conversations ({args.conversations}; seed {CORPUS_SEED}, "
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_capability()}), load "
+        f"average {load:.1f} at start. vLLM CPU, synthetic conversations ({args.conversations}; seed {CORPUS_SEED}, "
         "~30% multi-turn, `turns: all`), natural lengths, EOS honoured, greedy, the default "
         f"config (pipeline/demo/configs/toy.yaml); {args.rounds} alternating rounds; medians "
         "with [min-max] over rounds; engine starts excluded from rates.",
@@ -788,6 +794,14 @@ def main() -> None:
 
     setup_logging()
     load = os.getloadavg()[0]
+    if cpu_capability() not in ("AVX512", "AMX"):
+        print(
+            f"note: torch's CPU capability here is {cpu_capability()}: without AVX512-BF16/AMX "
+            "bf16 arithmetic is emulated (~15x slower), every path is engine-bound, and the "
+            "large toy takes hours; figures from this host are not comparable to those of "
+            "a bf16-native one (docs/capture.md, Throughput)",
+            flush=True,
+        )
     codec = encode_rates()
     print(json.dumps({"codec": codec}), flush=True)
     log: list[str] = []
@@ -812,7 +826,10 @@ def record(results: dict, codec: dict, args, load: float) -> None:
         for key in stale:
             current.pop(key)
         RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-    flat: dict = {"regen_bench_load_average": round(load, 2)}
+    flat: dict = {
+        "regen_bench_load_average": round(load, 2),
+        "regen_cpu_capability": cpu_capability(),
+    }
     flat.update({f"regen_codec_{k}": round(v, 1) for k, v in codec.items()})
     for name, r in results.items():
         prefix = "regen_" if name == "large" else f"regen_{name}_"

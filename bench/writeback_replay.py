@@ -199,7 +199,7 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from results_file import fmt_spread, merge_results, spread, write_section
+    from results_file import cpu_capability, fmt_spread, merge_results, spread, write_section
 
     load = os.getloadavg()[0]
     worktree = None
@@ -284,13 +284,6 @@ def main() -> None:
     ]
     write_section("bench/writeback_replay.py", "\n".join(lines))
     print("wrote bench/results.json and bench/RESULTS.md", flush=True)
-
-
-def cpu_capability() -> str:
-    """torch's CPU capability (AVX2, AVX512, ...): bf16 arithmetic is native only with AVX512-BF16/AMX."""
-    import torch
-
-    return str(torch.backends.cpu.get_cpu_capability())
 
 
 if __name__ == "__main__":

@@ -202,7 +202,10 @@ def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
     except FileNotFoundError:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        written = os.pwritev(fd, parts, 0)
+        if hasattr(os, "pwritev"):
+            written = os.pwritev(fd, parts, 0)
+        else:  # e.g. macOS before 11: one joined write
+            written = os.pwrite(fd, b"".join(bytes(p) for p in parts), 0)
         if written != size:
             raise OSError(f"spool file {tmp}: wrote {written} of {size} bytes")
         os.ftruncate(fd, size)

@@ -27,7 +27,12 @@ from pipeline.shards.reader import ShardReader
 pytestmark = pytest.mark.slow
 
 AUX_IDS = [1, 2, 3]
-TOLERANCE_FACTOR = 1.5  # as tests/targets/test_capture_parity.py
+# Wider than tests/targets/test_capture_parity.py's 1.5: here rows come from a busy
+# engine whose batch compositions vary, and bf16 results depend on them. On a host
+# without bf16 arithmetic (AVX2: vLLM's kernels emulate it) the worst row of this test
+# reached 2.06x HF's own bf16-vs-fp32 error (1.5 held on the AVX-512 hosts before). A
+# wrong or shifted row is off by the activations' scale, far past either factor.
+TOLERANCE_FACTOR = 2.5
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,16 @@ def test_todays_trainer_writes_the_old_layout_and_weights(kind, random_shards, t
         # of zero: docs/train.md, "Recipe"), so its weights differ; the others' did not.
         return
     for name, tensor in a["model"].items():  # same data, same steps: the same weights
-        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5)
+        # Up to float rounding, which AdamW's first steps amplify where a gradient is near
+        # zero: the fixture was trained on an AVX-512 host, and on an AVX2 host (other
+        # reduction widths) 7 of 2,048 weights of one tensor differed by up to 7.8e-4. A
+        # change of recipe moves nearly every weight, so: almost all weights equal to
+        # 1e-5, and the tensor as a whole to 1e-3 of its norm.
+        got = b["model"][name].float()
+        want = tensor.float()
+        off = ~torch.isclose(got, want, atol=1e-5, rtol=1e-5)
+        assert off.float().mean().item() <= 0.01, (name, int(off.sum()), got.numel())
+        assert (got - want).norm() <= 1e-3 * want.norm() + 1e-6, name
 
 
 def test_latest_pointer_moves_and_a_dangling_one_is_named(tmp_path):
