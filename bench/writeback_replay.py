@@ -245,6 +245,12 @@ def main() -> None:
         print(f"{k}: {fmt_spread(v, 3)}")
     if args.no_write:
         return
+    from results_file import RESULTS_JSON
+
+    if RESULTS_JSON.exists():  # a run without --against leaves no ref figures behind
+        current = json.loads(RESULTS_JSON.read_text())
+        current = {k: v for k, v in current.items() if not k.startswith("writeback_replay_")}
+        RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     flat = {f"writeback_replay_{k}": round(v["median"], 3) for k, v in med.items()}
     flat.update(
         {
