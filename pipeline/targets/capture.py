@@ -43,6 +43,7 @@ SPOOL_SUFFIX = ".safetensors"
 SPOOL_SLOTS = 16  # free files kept per writer for reuse
 SPOOL_RECYCLE_BYTES = 16 << 20  # larger files (long prefills) are removed, not kept
 _SPOOL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_SPOOL_TORCH_DTYPES = {v: k for k, v in _SPOOL_DTYPES.items()}
 TRANSPORTS = ("spool", "inprocess", "discard")
 METHODS = ("aux_outputs", "extract_hidden_states")
 WORKER_CLASS = "pipeline.targets.capture_worker.CaptureWorker"
@@ -254,14 +255,14 @@ def _read_chunk(path: str) -> tuple[CaptureChunk, int]:
     if meta.get("format") != SPOOL_FORMAT:
         raise ValueError(f"{path}: not a capture chunk (format {meta.get('format')!r})")
     base = 8 + head_len
-    rows_at, spans_at = header["rows"], header["spans"]
-    dtype = {v: k for k, v in _SPOOL_DTYPES.items()}[rows_at["dtype"]]
+    try:
+        rows_at, spans_at = header["rows"], header["spans"]
+        dtype = getattr(torch, _SPOOL_TORCH_DTYPES[rows_at["dtype"]])
+    except KeyError as err:
+        raise ValueError(f"{path}: capture chunk without {err} in its header") from None
     begin, end = rows_at["data_offsets"]
     rows = torch.frombuffer(
-        data,
-        dtype=getattr(torch, dtype),
-        offset=base + begin,
-        count=(end - begin) // getattr(torch, dtype).itemsize,
+        data, dtype=dtype, offset=base + begin, count=(end - begin) // dtype.itemsize
     )
     rows = rows.view(rows_at["shape"])
     begin, end = spans_at["data_offsets"]
@@ -380,6 +381,13 @@ def as_rows(piece, dtype: torch.dtype) -> torch.Tensor:
     import numpy as np
 
     return from_bits(piece, dtype) if isinstance(piece, np.ndarray) else piece
+
+
+def as_bits(piece):
+    """A piece as `row_bits`: tensors become their bits, numpy views pass."""
+    import numpy as np
+
+    return piece if isinstance(piece, np.ndarray) else row_bits(piece)
 
 
 def join_parts(key: str, parts: list[tuple[int, Any]], dtype=None) -> torch.Tensor | None:

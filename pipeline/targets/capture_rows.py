@@ -22,10 +22,10 @@ from pipeline.targets.capture import (
     CaptureChunk,
     CaptureReader,
     SinkSpec,
+    as_bits,
     as_rows,
     from_bits,
     rms_norm,
-    row_bits,
 )
 
 if TYPE_CHECKING:
@@ -75,9 +75,7 @@ class RowLayout:
             # in order, so one concatenation replaces a copy per engine step. In
             # numpy, on the rows' bits: ~75 pieces a sample, and numpy's per-call
             # cost is a fraction of torch's.
-            rows = np.concatenate(
-                [row_bits(p) if isinstance(p, torch.Tensor) else p for p in tiled]
-            )
+            rows = np.concatenate([as_bits(p) for p in tiled])
             hidden_bits = np.zeros((num_tokens, k * width), dtype=rows.dtype)
             hidden_bits[:fed].reshape(fed, k, width)[:] = rows[:, :k]
             last_bits = np.zeros((num_tokens, width), dtype=rows.dtype)

@@ -82,6 +82,15 @@ def test_temp_files_and_foreign_files_are_skipped_or_rejected(tmp_path):
     save_file({"rows": torch.zeros(1)}, str(tmp_path / "x.safetensors"))
     with pytest.raises(ValueError, match="not a capture chunk"):
         read_spool(str(tmp_path))
+    (tmp_path / "x.safetensors").unlink()
+    # The format's name on a file without the spans: named, not a KeyError.
+    save_file(
+        {"rows": torch.zeros(1, 2, 4, dtype=torch.bfloat16)},
+        str(tmp_path / "y.safetensors"),
+        metadata={"format": capture.SPOOL_FORMAT, "step": "0", "keys": "a"},
+    )
+    with pytest.raises(ValueError, match="without 'spans'"):
+        read_spool(str(tmp_path))
 
 
 def test_later_step_overwrites_draft_row_and_holes_raise():
