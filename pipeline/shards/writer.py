@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.shards.columns import rows_table
 from pipeline.shards.schema import Provenance, shard_arrow_schema
 from pipeline.storage import Storage
 
@@ -258,8 +258,7 @@ class ShardWriter:
             return
         if self._writer is None:
             self._open()
-        columns = {name: [row[name] for row in self._rows] for name in self.schema.names}
-        table = pa.table(columns, schema=self.schema)
+        table = rows_table(self._rows, self.schema)
         self._writer.write_table(table, row_group_size=len(self._rows))
         self._rows, self._buffered = [], 0
 

@@ -341,7 +341,11 @@ class CaptureAssembler:
 
     def reaches(self, key: str, end: int) -> bool:
         """Whether `key`'s pieces so far write a position at or past `end - 1`."""
-        return any(start + len(rows) >= end for start, rows in self._pieces.get(key, ()))
+        pieces = self._pieces.get(key)
+        if not pieces:
+            return False
+        start, rows = pieces[-1]  # the usual answer; after a rewrite an earlier piece may reach
+        return start + len(rows) >= end or any(s + len(r) >= end for s, r in pieces)
 
     def take_parts(self, key: str) -> list[tuple[int, Any]]:
         """The pieces of `key` as they came (no copy); `join_parts` assembles them."""
