@@ -251,6 +251,7 @@ class UnitJob:
 
 def captured_sample(cap: CapturedGeneration, source: str, domain: str) -> Sample:
     """The shard row of one captured answer: tokens, loss mask, bf16 tensors, facts."""
+    import numpy as np
     import torch
 
     from pipeline.shards.writer import Sample
@@ -260,8 +261,9 @@ def captured_sample(cap: CapturedGeneration, source: str, domain: str) -> Sample
         sample_id=cap.request_id,
         source=source,
         domain=domain,
-        input_ids=torch.tensor(row.input_ids, dtype=torch.int32),
-        loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
+        # numpy, as the writer keeps them (a tensor would cost a conversion each way)
+        input_ids=np.asarray(row.input_ids, dtype=np.int32),
+        loss_mask=np.asarray(row.loss_mask, dtype=np.uint8),
         # Shards store bf16 (schema v1); a float32 reference target rounds
         # here, a bf16 engine's tensors pass unchanged.
         hidden_states=cap.hidden_states.to(torch.bfloat16),

@@ -76,10 +76,12 @@ class RowLayout:
             # numpy, on the rows' bits: ~75 pieces a sample, and numpy's per-call
             # cost is a fraction of torch's.
             rows = np.concatenate([as_bits(p) for p in tiled])
-            hidden_bits = np.zeros((num_tokens, k * width), dtype=rows.dtype)
+            hidden_bits = np.empty((num_tokens, k * width), dtype=rows.dtype)
             hidden_bits[:fed].reshape(fed, k, width)[:] = rows[:, :k]
-            last_bits = np.zeros((num_tokens, width), dtype=rows.dtype)
+            hidden_bits[fed:] = 0  # the last sampled token, never fed
+            last_bits = np.empty((num_tokens, width), dtype=rows.dtype)
             last_bits[:fed] = rows[:, k]
+            last_bits[fed:] = 0
             hidden, last = from_bits(hidden_bits, dtype), from_bits(last_bits, dtype)
             if not normed:
                 last[:fed] = rms_norm(last[:fed], self.norm_weight, self.norm_eps)
