@@ -73,6 +73,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from results_file import (  # bench/ is sys.path[0]
+    bf16_native,
     cpu_capability,
     fmt_spread,
     merge_results,
@@ -794,7 +795,7 @@ def main() -> None:
 
     setup_logging()
     load = os.getloadavg()[0]
-    if cpu_capability() not in ("AVX512", "AMX"):
+    if bf16_native() is False:
         print(
             f"note: torch's CPU capability here is {cpu_capability()}: without AVX512-BF16/AMX "
             "bf16 arithmetic is emulated (~15x slower), every path is engine-bound, and the "
@@ -817,15 +818,6 @@ def main() -> None:
 
 
 def record(results: dict, codec: dict, args, load: float) -> None:
-    from results_file import RESULTS_JSON
-
-    # Keys of the earlier single-batch benchmark describe another workload: drop them.
-    if RESULTS_JSON.exists():
-        current = json.loads(RESULTS_JSON.read_text())
-        stale = [k for k in current if k.startswith(("regen_", "P1", "P2"))]
-        for key in stale:
-            current.pop(key)
-        RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     flat: dict = {
         "regen_bench_load_average": round(load, 2),
         "regen_cpu_capability": cpu_capability(),
@@ -849,7 +841,9 @@ def record(results: dict, codec: dict, args, load: float) -> None:
             flat[f"{prefix}{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]
         if name == "large":
             flat["P1"], flat["P2"] = flat["regen_P1"], flat["regen_P2"]
-    merge_results(flat)
+    # Replaces every earlier regen_/P1/P2 key (the single-batch benchmark's described
+    # another workload).
+    merge_results(flat, replace=("regen_", "P1", "P2"))
     write_markdown(results, codec, args, load)
     print("wrote bench/results.json and bench/RESULTS.md", flush=True)
 

@@ -245,12 +245,6 @@ def main() -> None:
         print(f"{k}: {fmt_spread(v, 3)}")
     if args.no_write:
         return
-    from results_file import RESULTS_JSON
-
-    if RESULTS_JSON.exists():  # a run without --against leaves no ref figures behind
-        current = json.loads(RESULTS_JSON.read_text())
-        current = {k: v for k, v in current.items() if not k.startswith("writeback_replay_")}
-        RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     flat = {f"writeback_replay_{k}": round(v["median"], 3) for k, v in med.items()}
     flat.update(
         {
@@ -260,7 +254,7 @@ def main() -> None:
     )
     flat["writeback_replay_against"] = args.against
     flat["writeback_replay_cpu_capability"] = cpu_capability()
-    merge_results(flat)
+    merge_results(flat, replace=("writeback_replay_",))  # no ref figures left from a run before
     lines = [
         "# Capture plumbing replayed (bench/writeback_replay.py)",
         "",

@@ -206,7 +206,7 @@ def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
         if hasattr(os, "pwritev"):
             written = os.pwritev(fd, parts, 0)
         else:  # e.g. macOS before 11: one joined write
-            written = os.pwrite(fd, b"".join(bytes(p) for p in parts), 0)
+            written = os.pwrite(fd, b"".join(parts), 0)
         if written != size:
             raise OSError(f"spool file {tmp}: wrote {written} of {size} bytes")
         os.ftruncate(fd, size)

@@ -48,6 +48,13 @@ def test_spool_round_trip_is_safetensors_and_drains(tmp_path):
     assert rows["b"].shape == (2, 2, 4)
 
 
+def test_spool_written_with_one_pwrite_where_the_os_lacks_pwritev(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "pwritev", raising=False)
+    write_spool(str(tmp_path), "w1", _chunk(0, [("a", 0, 3), ("b", 0, 2)]))
+    rows = assemble(read_spool(str(tmp_path)))
+    assert rows["a"][:, 0, 0].tolist() == [0, 1, 2] and rows["b"].shape == (2, 2, 4)
+
+
 def test_spool_files_are_recycled_and_oversized_ones_removed(tmp_path, monkeypatch):
     """A free slot is overwritten in place (same inode, its pages reused); a file past
     SPOOL_RECYCLE_BYTES is removed instead; a shorter rewrite is cut to its size."""
