@@ -61,7 +61,14 @@ EAGLE3_STEPS = 5  # unrolled steps = drafted tokens, as many as DSpark drafts
 
 
 def _train(
-    shards: Path, out: Path, kind: str, steps: int, batch: int, anchor: bool | None, heldout: float
+    shards: Path,
+    out: Path,
+    kind: str,
+    steps: int,
+    batch: int,
+    anchor: bool | None,
+    heldout: float,
+    extra: dict | None = None,
 ):
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import train
@@ -80,6 +87,7 @@ def _train(
             "draft.sample_from_anchor": anchor,
             "checkpoint_every": 10**6,
             "log_every": 10**6,
+            **(extra or {}),
         },
     )
     started = time.perf_counter()

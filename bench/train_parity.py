@@ -26,6 +26,12 @@ to its model or loss). Each packed step is one row of the batch's samples
 (`document_ids` per sample, positions restarting per sample), as
 speculators' collator packs them.
 
+`--variant-tv-weight W` also trains the project's DSpark with the
+distribution term as a weight W on TV (`loss.tv_weight`; speculators' weights
+at 0.9) beside the default, as an experiment on the one recipe difference
+that could move T=0 tau; its ratio to speculators is recorded apart
+(`P7_variant_tv<W>`), never as P7.
+
 Both drafts are then evaluated by the project's exact evaluator on the same
 held-out samples: T=0 (the offline walk) and T=1 (the live loop with
 rejection sampling, `--live-prompts` prompts x `--live-runs` decodes); the
@@ -57,13 +63,15 @@ ANCHORS_PER_SEQUENCE = 64
 ATTN_IMPL = os.environ.get("PARITY_ATTN", "eager")  # speculators draft_attn_impl
 
 
-def _project_run(shards: Path, out: Path, steps: int, batch: int, heldout: float) -> float:
+def _project_run(
+    shards: Path, out: Path, steps: int, batch: int, heldout: float, extra: dict | None = None
+) -> float:
     """The project's DSpark exactly as bench/evaluate.py trains it (reused when present)."""
     from evaluate import _train
 
     if (out / "export" / "config.json").exists():
         return 0.0
-    return _train(shards, out, "dspark", steps, batch, True, heldout)
+    return _train(shards, out, "dspark", steps, batch, True, heldout, extra)
 
 
 def speculators_dspark(target_dir: Path, spec, *, mask_token_id: int):
@@ -219,6 +227,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--live-prompts", type=int, default=110)
     parser.add_argument("--live-runs", type=int, default=2)
+    parser.add_argument(
+        "--variant-tv-weight",
+        type=float,
+        default=None,
+        help="also train the project's DSpark with loss.tv_weight W (reported apart)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -240,6 +254,12 @@ def main() -> None:
     tag = f"{args.conversations}c-{args.steps}x{args.batch}-h{args.heldout}"
     project = work / f"run-dspark-bf16-{tag}"
     project_s = _project_run(shards, project, args.steps, args.batch, args.heldout)
+    variant_name = None
+    if args.variant_tv_weight is not None:
+        w = args.variant_tv_weight
+        variant_name = f"DSpark (this project, tv_weight {w:g})"
+        variant = work / f"run-dspark-bf16-{tag}-tv{w:g}"
+        _project_run(shards, variant, args.steps, args.batch, args.heldout, {"loss.tv_weight": w})
     theirs = work / f"speculators-dspark-{tag}"
     summary = train_speculators(
         shards, theirs, steps=args.steps, batch=args.batch, heldout=args.heldout
@@ -258,6 +278,7 @@ def main() -> None:
             drafts=[
                 dict(name="DSpark (this project)", path=str(project)),
                 dict(name="DSpark (speculators)", path=str(theirs)),
+                *([dict(name=variant_name, path=str(variant))] if variant_name else []),
             ],
             calibration=dict(store=False),
             **({"live": live} if args.live_prompts else {}),
@@ -301,13 +322,27 @@ def main() -> None:
         "P7_budget": budget,
         "P7_bench_load_average": round(load, 2),
     }
-    merge_results(figures)
 
-    def line(key: str, fig: dict | None, where: str) -> str:
+    def line(key: str, fig: dict | None, where: str, goal: str = "; goal >= 1.0") -> str:
         if not fig:
             return f"* {key}: not measured (--live-prompts 0)"
         ci = "95% CI {:.3f}-{:.3f}".format(*fig["ci95"]) if fig["ci95"] else "no interval"
-        return f"* **{key}** (this project / speculators, macro tau, {where}) **= {fig['ratio']:.3f}** ({ci}; goal >= 1.0)"
+        return f"* **{key}** (macro tau, {where}) **= {fig['ratio']:.3f}** ({ci}{goal})"
+
+    variant_lines = []
+    if variant_name:
+        key = f"P7_variant_tv{args.variant_tv_weight:g}"
+        variant_r = report[variant_name]
+        v0 = ratio(variant_r["offline_t0"], spec["offline_t0"])
+        v1 = ratio(variant_r.get("live", {}).get("1.0"), spec.get("live", {}).get("1.0"))
+        vd = ratio(variant_r["offline_t0"], ours["offline_t0"])
+        figures[key] = {"T0": v0, "T1": v1, "T0_over_default": vd}
+        variant_lines = [
+            line(key, v0, "T=0, variant / speculators", ""),
+            line(key + "_T1", v1, "T=1, variant / speculators", ""),
+            line(key + "_over_default", vd, "T=0, variant / this project's default", ""),
+        ]
+    merge_results(figures)
 
     rows = [
         "| draft | macro tau T=0 | macro tau T=1 |",
@@ -337,8 +372,9 @@ def main() -> None:
             "",
             *rows,
             "",
-            line("P7", t0, "T=0"),
-            line("P7_T1", t1, "T=1"),
+            line("P7", t0, "this project / speculators, T=0"),
+            line("P7_T1", t1, "this project / speculators, T=1"),
+            *variant_lines,
         ]
     )
     write_section("bench/train_parity.py", section)
