@@ -1,7 +1,7 @@
 """One regeneration setting at a time: (c) as shipped against (c) with that setting changed.
 
-    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback] [--targets large,trained]
-        [--rounds 3] [--conversations large=1000,trained=4000] [--no-write]
+    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,writeback_cpus,nice]
+        [--targets large,trained] [--rounds 3] [--conversations large=1000,trained=4000] [--no-write]
 
 Both runs of a pair are `run_regenerate` with the default config through a
 local Ray, committing shards, on the workload of bench/regenerate.py (its
@@ -15,7 +15,9 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
   own process (`regenerate.writeback: threads`) instead of the lower-priority
   write-back process (regenerate/writeback_process.py);
 * writeback_cpus: the changed run keeps the write-back process on the host
-  CPUs (those off the model workers' cores) instead of every CPU.
+  CPUs (those off the model workers' cores) instead of every CPU;
+* nice: the changed run leaves the replica actor at Ray's worker nice value
+  (15, below Ray's own daemons and the driver) instead of `replicas.nice` 0.
 
 Rounds alternate which run goes first; rates are steady-state generated tok/s
 (engine start excluded); the ratio shipped / changed is per round, reported
@@ -62,13 +64,21 @@ AB = {
         ("all", "host"),
         {"writeback_cpus": "host"},
     ),
+    "nice": (
+        "The replica at nice 0 or at Ray's worker default (15)",
+        ("nice0", "nice15"),
+        {"replicas.nice": 15},
+    ),
 }
 
 
 def one_run(name: str, conversations: int, out: Path, changes: dict | None) -> dict:
     cfg = bench_config(name, conversations, out)
-    if changes:
-        cfg = cfg.model_copy(update={"regenerate": cfg.regenerate.model_copy(update=changes)})
+    for key, value in (changes or {}).items():
+        # "section.key" changes another config section; a bare key is `regenerate`'s
+        section, _, field = key.rpartition(".")
+        part = getattr(cfg, section or "regenerate")
+        cfg = cfg.model_copy(update={section or "regenerate": part.model_copy(update={field: value})})
     got = run_c(cfg, None)
     shutil.rmtree(out, ignore_errors=True)
     return {

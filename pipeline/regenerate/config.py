@@ -48,6 +48,10 @@ class ReplicaConfig(ConfigModel):
     placement: PlacementConfig | None = None
     # Restarts of a dead replica actor before the run gives up on it.
     max_restarts: int = Field(3, ge=0)
+    # The replica actor's nice value; its engine's processes inherit it. Ray
+    # starts actors at nice 15 (RAY_worker_niceness), below its own daemons and
+    # the driver, which would put the run's critical path last on the host CPU.
+    nice: int = Field(0, ge=0, le=19)
     # How long a replica may take to be scheduled and load its engine before
     # the run stops with a named error (a replica that cannot get its
     # resources, or an engine stuck loading, never hangs the job silently).

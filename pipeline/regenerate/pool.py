@@ -271,6 +271,8 @@ def start_replicas(
                 "num_gpus": replicas.num_gpus,
                 "max_restarts": replicas.max_restarts,
                 "max_task_retries": 0,
+                # Merged per variable with the job's runtime_env by Ray.
+                "runtime_env": {"env_vars": {"RAY_worker_niceness": str(replicas.nice)}},
             }
             if name_prefix:
                 options["name"] = f"{name_prefix}-{index}"

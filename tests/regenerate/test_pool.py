@@ -94,3 +94,47 @@ def test_a_replica_that_never_comes_up_stops_the_run_with_a_named_error(ray_loca
             actor_class=_SlowEngine,
         )
     assert time.monotonic() - started < 60
+
+
+class _NiceProbe:
+    """A replica stand-in that reports its process's nice value."""
+
+    def __init__(self, target=None, regenerate=None) -> None:
+        pass
+
+    def ready(self) -> dict:
+        import os
+
+        return {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+    def close(self) -> None:
+        pass
+
+
+def test_replicas_run_at_the_configured_nice_value_not_rays_worker_default(ray_local):
+    import os
+    import sys
+
+    from ray import cloudpickle
+
+    from pipeline.regenerate.config import RegenerateConfig
+    from pipeline.regenerate.pool import close_replicas, start_replicas
+    from pipeline.targets.config import TargetConfig
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # Ray's processes start from the driver's
+    plain = ray_local.remote(_NiceProbe).options(num_cpus=0.1).remote()
+    # The control: a plain actor runs at Ray's default (15), so the check below can fail.
+    assert ray_local.get(plain.ready.remote(), timeout=120)["nice"] == min(19, base + 15)
+    ray_local.kill(plain)
+    for nice in (0, 7):
+        actors, ready = start_replicas(
+            TargetConfig(model="toy:random"),
+            ReplicaConfig(num_cpus=0.1, nice=nice),
+            RegenerateConfig(),
+            actor_class=_NiceProbe,
+        )
+        try:
+            assert [r["nice"] for r in ready] == [min(19, base + nice)]
+        finally:
+            close_replicas(actors)
