@@ -77,8 +77,9 @@ def one_run(name: str, conversations: int, out: Path, changes: dict | None) -> d
     for key, value in (changes or {}).items():
         # "section.key" changes another config section; a bare key is `regenerate`'s
         section, _, field = key.rpartition(".")
-        part = getattr(cfg, section or "regenerate")
-        cfg = cfg.model_copy(update={section or "regenerate": part.model_copy(update={field: value})})
+        section = section or "regenerate"
+        part = getattr(cfg, section).model_copy(update={field: value})
+        cfg = cfg.model_copy(update={section: part})
     got = run_c(cfg, None)
     shutil.rmtree(out, ignore_errors=True)
     return {
@@ -143,7 +144,9 @@ def record(ab: str, results: dict, args, load: float) -> None:
     merge_results(flat)
 
     fmt = fmt_spread
-    changes = ", ".join(f"`regenerate.{k}: {v}`" for k, v in settings.items())
+    changes = ", ".join(
+        f"`{k if '.' in k else 'regenerate.' + k}: {v}`" for k, v in settings.items()
+    )
     if START_COUNT in settings.values():
         changes += f" ({START_COUNT}: the count a replica starts with)"
     lines = [
