@@ -1,7 +1,7 @@
 """One regeneration setting at a time: (c) as shipped against (c) with that setting changed.
 
-    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,writeback_cpus,nice]
-        [--targets large,trained] [--rounds 3] [--conversations large=1000,trained=4000] [--no-write]
+    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,writeback_cpus,nice,inprocess]
+        [--targets large,trained] [--rounds 4] [--conversations large=1000,trained=4000] [--no-write]
 
 Both runs of a pair are `run_regenerate` with the default config through a
 local Ray, committing shards, on the workload of bench/regenerate.py (its
@@ -17,9 +17,16 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
 * writeback_cpus: the changed run keeps the write-back process on the host
   CPUs (those off the model workers' cores) instead of every CPU;
 * nice: the changed run leaves the replica actor at Ray's worker nice value
-  (15, below Ray's own daemons and the driver) instead of `replicas.nice` 0.
+  (15, below Ray's own daemons and the driver) instead of `replicas.nice` 0;
+* inprocess: the changed run's replica holds vLLM's engine core and model
+  worker in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` through the
+  job's runtime_env; the spool transport works there too) instead of
+  vLLM's separate, spin-waiting processes. An A/B that changes the job's
+  runtime_env restarts the local Ray before each run of both kinds alike.
 
-Rounds alternate which run goes first; rates are steady-state generated tok/s
+Rounds alternate which run goes first (the default round count is even, so
+each run goes first equally often: this VM's order effect was larger than
+some settings' effect); rates are steady-state generated tok/s
 (engine start excluded); the ratio shipped / changed is per round, reported
 as the median with its range. Also recorded: each run's mean engine batch,
 engine steps, and the feeder's admission and result-handling seconds, which
@@ -69,10 +76,17 @@ AB = {
         ("nice0", "nice15"),
         {"replicas.nice": 15},
     ),
+    "inprocess": (
+        "vLLM's engine in the replica's process or in its own processes",
+        ("mp", "inproc"),
+        {"ray.runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}},
+    ),
 }
 
 
-def one_run(name: str, conversations: int, out: Path, changes: dict | None) -> dict:
+def one_run(
+    name: str, conversations: int, out: Path, changes: dict | None, *, restart: bool = False
+) -> dict:
     cfg = bench_config(name, conversations, out)
     for key, value in (changes or {}).items():
         # "section.key" changes another config section; a bare key is `regenerate`'s
@@ -80,6 +94,13 @@ def one_run(name: str, conversations: int, out: Path, changes: dict | None) -> d
         section = section or "regenerate"
         part = getattr(cfg, section).model_copy(update={field: value})
         cfg = cfg.model_copy(update={section: part})
+    if restart:  # the job's runtime_env reaches the replica only through ray.init
+        import ray
+
+        from pipeline.regenerate.pool import init_ray
+
+        ray.shutdown()
+        init_ray(cfg.ray)
     got = run_c(cfg, None)
     shutil.rmtree(out, ignore_errors=True)
     return {
@@ -101,6 +122,7 @@ def run_target(ab: str, name: str, conversations: int, rounds: int) -> dict:
     build_toy_target(name)
     work = Path(tempfile.mkdtemp(prefix=f"bench-ab-{ab}-{name}-"))
     per_round = []
+    restart = any(key.startswith("ray.") for key in settings)  # for both kinds alike
     try:
         init_ray(bench_config(name, conversations, work / "unused").ray)
         start_units = None
@@ -113,7 +135,9 @@ def run_target(ab: str, name: str, conversations: int, rounds: int) -> dict:
                     changes = {
                         k: start_units if v == START_COUNT else v for k, v in settings.items()
                     }
-                got = one_run(name, conversations, work / f"r{round_}-{kind}", changes)
+                got = one_run(
+                    name, conversations, work / f"r{round_}-{kind}", changes, restart=restart
+                )
                 start_units = start_units or got["units_wanted"]
                 r.update({f"{kind}_{k}": v for k, v in got.items() if k in KEEP})
             r[f"{shipped}_over_{changed}"] = r[f"{shipped}_tok_s"] / r[f"{changed}_tok_s"]
@@ -184,7 +208,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ab", default="growth,writeback", help=f"which A/Bs: {', '.join(AB)}")
     p.add_argument("--targets", default="large,trained")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--conversations", default="large=1000,trained=4000")
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
     args = p.parse_args()
