@@ -124,7 +124,8 @@ def run_target(ab: str, name: str, conversations: int, rounds: int) -> dict:
     per_round = []
     restart = any(key.startswith("ray.") for key in settings)  # for both kinds alike
     try:
-        init_ray(bench_config(name, conversations, work / "unused").ray)
+        if not restart:  # else each run starts its own Ray
+            init_ray(bench_config(name, conversations, work / "unused").ray)
         start_units = None
         for round_ in range(rounds):
             order = (shipped, changed) if round_ % 2 == 0 else (changed, shipped)
