@@ -1,7 +1,7 @@
 """Parity with the field's trainer (key P7): the project's DSpark vs speculators' DSpark.
 
     .venv/bin/python bench/train_parity.py [--work DIR] [--steps 300] [--batch 16]
-        [--conversations 800] [--heldout 0.15] [--live-prompts 110] [--live-runs 2]
+        [--conversations 800] [--heldout 0.15] [--live-prompts 1000] [--live-runs 4]
 
 The speculators library (0.9.0; pip install --no-deps speculators==0.9.0
 hs-connectors==0.9.0) trains its own DSpark (`DSparkDraftModel`: DFlash
@@ -225,8 +225,10 @@ def main() -> None:
     parser.add_argument("--heldout", type=float, default=0.15)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--live-prompts", type=int, default=110)
-    parser.add_argument("--live-runs", type=int, default=2)
+    # every held-out prompt (189 of the 800-conversation shards), 4 fresh decodes each:
+    # the T=1 ratio's interval is set by the number of decodes
+    parser.add_argument("--live-prompts", type=int, default=1000, help="at most; 0: skip T=1")
+    parser.add_argument("--live-runs", type=int, default=4)
     parser.add_argument(
         "--variant-tv-weight",
         type=float,
@@ -354,6 +356,12 @@ def main() -> None:
             for n, t in taus.items()
         ],
     ]
+    live_run = ours.get("live", {}).get("1.0")
+    live_shape = (
+        f"{live_run['num_samples']} prompts x {live_run.get('samples_per_prompt', 1)} runs"
+        if live_run
+        else "not run"
+    )
     section = "\n".join(
         [
             "## Parity with the field's trainer (bench/train_parity.py, key P7)",
@@ -363,8 +371,8 @@ def main() -> None:
             f"shards with the same budget and draft size as the project's DSpark: {budget}. "
             "Its `verifier_norm` is the identity (the shards store the final state after the "
             "norm). Both evaluated by the project's evaluator on the same held-out samples "
-            f"(T=0 exact offline walk; T=1 live loop, {args.live_prompts} prompts x "
-            f"{args.live_runs} runs); the speculators draft loaded from its own "
+            f"(T=0 exact offline walk; T=1 live loop, {live_shape}); "
+            "the speculators draft loaded from its own "
             "`save_pretrained` directory through the project's import of the format. "
             f"speculators training: {summary}; project training {project_s:.0f} s (0: reused). "
             f"{platform.processor() or platform.machine()}, load average {load:.2f}, "
