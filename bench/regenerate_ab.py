@@ -1,6 +1,6 @@
 """One regeneration setting at a time: (c) as shipped against (c) with that setting changed.
 
-    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,writeback_cpus,nice,inprocess]
+    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,writeback_cpus,nice,inprocess,engine_core]
         [--targets large,trained] [--rounds 4] [--conversations large=1000,trained=4000] [--no-write]
 
 Both runs of a pair are `run_regenerate` with the default config through a
@@ -22,7 +22,10 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
   worker in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` through the
   job's runtime_env; the spool transport works there too) instead of
   vLLM's separate, spin-waiting processes. An A/B that changes the job's
-  runtime_env restarts the local Ray before each run of both kinds alike.
+  runtime_env restarts the local Ray before each run of both kinds alike;
+* engine_core: the changed run puts vLLM's engine-core process on the model
+  workers' CPUs (`engine_core_cpus: workers`) instead of the host CPUs
+  beside the feeder and the write-back.
 
 Rounds alternate which run goes first (the default round count is even, so
 each run goes first equally often: this VM's order effect was larger than
@@ -80,6 +83,11 @@ AB = {
         "vLLM's engine in the replica's process or in its own processes",
         ("mp", "inproc"),
         {"ray.runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}},
+    ),
+    "engine_core": (
+        "vLLM's engine core on the host CPUs or on the model workers' CPUs",
+        ("host", "workers"),
+        {"engine_core_cpus": "workers"},
     ),
 }
 

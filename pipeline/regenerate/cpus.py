@@ -57,11 +57,16 @@ def worker_cpus(pids: list[int], allowed: set[int]) -> set[int]:
     return bound
 
 
-def isolate_host_work(keep: set[int] = frozenset()) -> set[int] | None:
+def isolate_host_work(
+    keep: set[int] = frozenset(), *, engine_core_on_workers: bool = False
+) -> set[int] | None:
     """Move this thread and the engine's non-worker processes off the workers' CPUs.
 
-    Processes in `keep` stay where they are. Returns the CPUs host work now
-    runs on, or None where nothing changed.
+    Processes in `keep` stay where they are. `engine_core_on_workers`: vLLM's
+    engine-core process goes onto the workers' CPUs instead (on a CPU engine
+    it works only while they wait for it, and spins with `sched_yield` while
+    they compute; see docs/capture.md). Returns the CPUs host work now runs
+    on, or None where nothing changed.
     """
     if not hasattr(os, "sched_getaffinity"):
         return None
@@ -73,14 +78,19 @@ def isolate_host_work(keep: set[int] = frozenset()) -> set[int] | None:
         return None
     os.sched_setaffinity(0, host)
     for pid in (p for p in pids if not _is_worker(p) and p not in keep):
+        cpus = bound if engine_core_on_workers and _is_engine_core(pid) else host
         for task in _listdir(f"/proc/{pid}/task"):
             try:
-                os.sched_setaffinity(int(task), host)
+                os.sched_setaffinity(int(task), cpus)
             except OSError:  # ended, or not ours to move: leave it
                 continue
     log.info(
         "host work kept off the engine workers' CPUs %s",
-        kv(worker_cpus=_span(bound), host_cpus=_span(host)),
+        kv(
+            worker_cpus=_span(bound),
+            host_cpus=_span(host),
+            engine_core="workers" if engine_core_on_workers else "host",
+        ),
     )
     return host
 
@@ -111,6 +121,11 @@ def cmdline(pid: int) -> str:
 def _is_worker(pid: int) -> bool:
     """vLLM titles its model-worker processes `VLLM::Worker...`."""
     return "Worker" in cmdline(pid)
+
+
+def _is_engine_core(pid: int) -> bool:
+    """vLLM titles its engine-core process `VLLM::EngineCore...`."""
+    return "EngineCore" in cmdline(pid)
 
 
 def _span(cpus: set[int]) -> str:

@@ -58,7 +58,13 @@ class RegenerateReplica:
         # Before the feeder exists: its thread and pools inherit this thread's CPUs; the
         # engine core (and a "host" write-back process) move there too.
         keep = {writeback.pid} if writeback is not None and every else set()
-        self.host_cpus = isolate_host_work(keep) if regenerate.isolate_engine_cpus else None
+        self.host_cpus = (
+            isolate_host_work(
+                keep, engine_core_on_workers=regenerate.engine_core_cpus == "workers"
+            )
+            if regenerate.isolate_engine_cpus
+            else None
+        )
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )

@@ -86,6 +86,41 @@ def test_isolate_moves_this_thread_and_the_engine_core_but_not_the_worker():
     assert got == {"host": rest, "me": rest, "core": rest, "worker": [CPUS[-1]]}
 
 
+@needs_two
+def test_the_engine_core_can_share_the_workers_cpus():
+    script = textwrap.dedent(
+        f"""
+        import json, os, subprocess, sys, time
+        from pipeline.regenerate.cpus import isolate_host_work
+        worker = subprocess.Popen([sys.executable, "-c", {CHILD!r}, "{CPUS[-1]}", "VLLM::Worker"])
+        core = subprocess.Popen([sys.executable, "-c", {PLAIN!r}, "VLLM::EngineCore"])
+        other = subprocess.Popen([sys.executable, "-c", {PLAIN!r}])
+        time.sleep(0.5)
+        host = isolate_host_work(engine_core_on_workers=True)
+        out = dict(
+            host=sorted(host) if host else None,
+            me=sorted(os.sched_getaffinity(0)),
+            core=sorted(os.sched_getaffinity(core.pid)),
+            other=sorted(os.sched_getaffinity(other.pid)),
+            worker=sorted(os.sched_getaffinity(worker.pid)),
+        )
+        worker.kill(); core.kill(); other.kill()
+        print(json.dumps(out))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    rest = [c for c in CPUS if c != CPUS[-1]]
+    assert got == {
+        "host": rest,
+        "me": rest,
+        "core": [CPUS[-1]],
+        "other": rest,
+        "worker": [CPUS[-1]],
+    }
+
+
 def test_nothing_moves_without_a_bound_worker():
     script = (
         "import os, subprocess, sys, time\n"
