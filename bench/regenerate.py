@@ -17,8 +17,10 @@ conversations, engine starts excluded from every rate (reported apart):
     with the project's admission (up to `max_requests_in_flight` requests in
     the engine, a conversation's next turn submitted the moment its turn
     returns), the replica's CPU isolation (the loop and the engine core off
-    the model worker's cores; `host_work_isolated`), no capture and nothing
-    written; prefix caching off (measured on
+    the model worker's cores; `host_work_isolated`), run twice on one engine
+    each round, with vLLM's engine core on the host CPUs and on the model
+    worker's (`regenerate.engine_core_cpus`), the faster counting as (a);
+    no capture and nothing written; prefix caching off (measured on
     this workload: on, 7,279 and 7,356 tok/s; off, 8,013 and 7,683,
     alternating; hashing blocks costs more than the prefill it saves). Turn
     rounds of `LLM.generate` (every request of round j in one call) idle on
@@ -312,11 +314,13 @@ def plain_engine(config):
 
 
 @contextmanager
-def host_work_isolated():
+def host_work_isolated(engine_core_cpus: str = "host"):
     """The replica's CPU isolation for an engine started by this process (cpus.py): this
     thread and the engine core move off the model worker's cores while the block runs.
     (c) gets it from its replica; (a) and (b) get it here, so the baselines are set up
     as well as the shipped stage (without it, (a) ran up to 1.3x slower here).
+    `engine_core_cpus` ("host" or "workers"): where the engine core goes, as the
+    config key of that name places (c)'s.
 
     Only vLLM's processes move (titled `VLLM::`): this process is also Ray's parent,
     and a Ray worker moved onto the host CPUs would later hold (c)'s replica, its
@@ -325,29 +329,46 @@ def host_work_isolated():
 
     title = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     saved = os.sched_getaffinity(0)
-    isolate_host_work(keep={p for p in descendants(os.getpid()) if title not in cmdline(p)})
+    isolate_host_work(
+        keep={p for p in descendants(os.getpid()) if title not in cmdline(p)},
+        engine_core_on_workers=engine_core_cpus == "workers",
+    )
     try:
         yield
     finally:  # later engines started from this thread bind their workers from its mask
         os.sched_setaffinity(0, saved)
 
 
-def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> dict:
+PLACEMENTS = ("host", "workers")  # where the engine core runs (regenerate.engine_core_cpus)
+
+
+def run_a_b(
+    config, conversations, work: Path, *, with_rounds: bool = False, round_: int = 0
+) -> dict:
+    """(a) under both engine-core placements on one engine (alternating which goes first
+    by round), the faster one as (a): the baseline set up as well as it can be; then
+    (b), its first pass being that run, its second pass under the same placement."""
     from pipeline.targets.resolve import resolve_model
     from pipeline.targets.vllm_backend import VLLMTarget, shutdown_engine
 
     model_dir = resolve_model(config.target.model)
     llm, tokenizer, start_a = plain_engine(config)
-    with host_work_isolated():
-        answers, a_s, prompt_tokens, generated = plain_fed(llm, tokenizer, config, conversations)
-    extra = {}
+    runs, extra = {}, {}
+    for placement in PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]:
+        with host_work_isolated(placement):
+            runs[placement] = plain_fed(llm, tokenizer, config, conversations)
+        extra[f"a_{placement}_s"] = runs[placement][1]
+        extra[f"a_{placement}_tok_s"] = runs[placement][3] / runs[placement][1]
+    best = max(PLACEMENTS, key=lambda k: extra[f"a_{k}_tok_s"])
+    answers, a_s, prompt_tokens, generated = runs[best]
+    extra["a_placement"] = best
     if with_rounds:  # what a user of `LLM.generate` gets: turn rounds, each one call
-        with host_work_isolated():
+        with host_work_isolated(best):
             rounds_answers, rounds_s, _, rounds_generated = plain_rounds(
                 llm, tokenizer, config, conversations
             )
         differ = sum(rounds_answers.get(k) != v for k, v in answers.items())
-        extra = {
+        extra |= {
             "a_rounds_s": rounds_s,
             "a_rounds_tok_s": rounds_generated / rounds_s,
             "a_rounds_answers_differ": differ,  # bf16 near-ties under other batch shapes
@@ -361,7 +382,7 @@ def run_a_b(config, conversations, work: Path, *, with_rounds: bool = False) -> 
     wider = config.target.model_copy(update={"max_model_len": config.target.max_model_len + 1})
     capture = VLLMTarget(wider, model_dir, capture=True)
     start_b = time.perf_counter() - t0
-    with host_work_isolated():
+    with host_work_isolated(best):
         b2_s = second_pass(capture, answers, work / "two-pass")
     capture.close()
     del capture
@@ -597,6 +618,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
                             conversations,
                             work / f"r{round_}",
                             with_rounds=name in args.rounds_baseline.split(","),
+                            round_=round_,
                         )
                     )
                     if name in args.inprocess_baseline.split(","):
@@ -672,6 +694,10 @@ def run_target(name: str, args, log: list[str]) -> dict:
         out["c_over_c_fixed"] = med("c_over_c_fixed")
         out["c_mean_batch"] = med("c_mean_batch")
         out["c_fixed_mean_batch"] = med("c_fixed_mean_batch")
+    if "a_host_tok_s" in rounds[0]:
+        out["a_host_tok_s"] = med("a_host_tok_s")
+        out["a_workers_tok_s"] = med("a_workers_tok_s")
+        out["a_placement"] = [r["a_placement"] for r in rounds]
     if "a_inproc_tok_s" in rounds[0]:
         for r in rounds:
             r["c_over_a_inproc"] = round(r["c_tok_s"] / r["a_inproc_tok_s"], 3)
@@ -707,6 +733,14 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
             f"{r['c_peak_capture_mb']['median']:.0f} |"
         )
     for name, r in results.items():
+        if "a_host_tok_s" in r:
+            lines += [
+                "",
+                f"{name}: (a) with vLLM's engine core on the host CPU(s) "
+                f"{fmt(r['a_host_tok_s'])} tok/s, on the model worker's "
+                f"{fmt(r['a_workers_tok_s'])} tok/s (`regenerate.engine_core_cpus`); (a) is "
+                f"the faster of the two in each round ({', '.join(r['a_placement'])}).",
+            ]
         if "a_inproc_tok_s" in r:
             lines += [
                 "",

@@ -59,9 +59,7 @@ class RegenerateReplica:
         # engine core (and a "host" write-back process) move there too.
         keep = {writeback.pid} if writeback is not None and every else set()
         self.host_cpus = (
-            isolate_host_work(
-                keep, engine_core_on_workers=regenerate.engine_core_cpus == "workers"
-            )
+            isolate_host_work(keep, engine_core_on_workers=regenerate.engine_core_cpus == "workers")
             if regenerate.isolate_engine_cpus
             else None
         )
