@@ -23,9 +23,9 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
   job's runtime_env; the spool transport works there too) instead of
   vLLM's separate, spin-waiting processes. An A/B that changes the job's
   runtime_env restarts the local Ray before each run of both kinds alike;
-* engine_core: the changed run puts vLLM's engine-core process on the model
-  workers' CPUs (`engine_core_cpus: workers`) instead of the host CPUs
-  beside the feeder and the write-back.
+* engine_core: the changed run puts vLLM's engine-core process on the host
+  CPUs beside the feeder and the write-back (`engine_core_cpus: host`, the
+  default until stop 27) instead of the model workers' CPUs.
 
 Rounds alternate which run goes first (the default round count is even, so
 each run goes first equally often: this VM's order effect was larger than
@@ -85,9 +85,9 @@ AB = {
         {"ray.runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}},
     ),
     "engine_core": (
-        "vLLM's engine core on the host CPUs or on the model workers' CPUs",
-        ("host", "workers"),
-        {"engine_core_cpus": "workers"},
+        "vLLM's engine core on the model workers' CPUs or on the host CPUs",
+        ("workers", "host"),
+        {"engine_core_cpus": "host"},
     ),
 }
 

@@ -143,11 +143,12 @@ class RegenerateConfig(ConfigModel):
     # process) off the CPUs the engine's model workers bound their threads to
     # (vLLM's CPU build binds them; a GPU engine binds none, and nothing moves).
     isolate_engine_cpus: bool = True
-    # Where vLLM's engine-core process runs when the CPUs are isolated: "host",
-    # beside the feeder and the write-back, or "workers", on the model workers'
-    # CPUs (a CPU engine's core works only while its workers wait for it, and
-    # spins with sched_yield while they compute; docs/capture.md).
-    engine_core_cpus: Literal["host", "workers"] = "host"
+    # Where vLLM's engine-core process runs when the CPUs are isolated:
+    # "workers", on the model workers' CPUs (a CPU engine's core works only while
+    # its workers wait for it, and spins with sched_yield while they compute, so
+    # the two take turns there), or "host", beside the feeder and the write-back,
+    # whose work then delays every step (docs/capture.md has the A/B).
+    engine_core_cpus: Literal["host", "workers"] = "workers"
     # Publish a version after this many finished units or seconds, and at the end.
     commit_every_units: int = Field(16, gt=0)
     commit_every_seconds: float = Field(300.0, gt=0)

@@ -113,6 +113,17 @@ def cpu_by_role(writeback_pid: int | None) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def engine_core_cpus() -> list[int] | None:
+    """The CPUs this process's vLLM engine core may run on (None: no such process here)."""
+    for pid in descendants(os.getpid()):
+        if _is_engine_core(pid):
+            try:
+                return sorted(os.sched_getaffinity(pid))
+            except OSError:  # it ended
+                return None
+    return None
+
+
 def cmdline(pid: int) -> str:
     """A process's command line (its title, where it set one); "" where it is gone."""
     return _read(f"/proc/{pid}/cmdline").replace("\0", " ")

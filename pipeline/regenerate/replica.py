@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from pipeline.regenerate.config import RegenerateConfig
-from pipeline.regenerate.cpus import cpu_by_role, isolate_host_work
+from pipeline.regenerate.cpus import cpu_by_role, engine_core_cpus, isolate_host_work
 from pipeline.regenerate.feeder import EngineFeeder, FeedLimits, start_writeback_process
 from pipeline.regenerate.unit import UnitResult, UnitSpec
 from pipeline.regenerate.units import WorkUnit
@@ -116,6 +116,7 @@ class RegenerateReplica:
             "units_wanted": self.units_wanted,
             "max_units": self.max_units,
             "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
+            "engine_core_cpus": engine_core_cpus(),
         }
 
     def _cpu(self) -> dict[str, float]:

@@ -77,6 +77,10 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     host = summary.replica_stats[0]["host_cpus"]
     if len(allowed) > 1:
         assert host and set(host) < set(allowed), host
+        # The engine core takes turns with the model worker on the worker's CPUs
+        # (`regenerate.engine_core_cpus: workers`, the default).
+        core = summary.replica_stats[0]["engine_core_cpus"]
+        assert core and set(core) == set(allowed) - set(host), (core, host)
     # The shards were built and written by the replica's write-back process, whose CPU
     # the replica accounts apart from its own (regenerate/writeback_process.py).
     stats = summary.replica_stats[0]
