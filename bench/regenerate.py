@@ -316,7 +316,8 @@ def plain_engine(config):
 @contextmanager
 def host_work_isolated(engine_core_cpus: str = "host"):
     """The replica's CPU isolation for an engine started by this process (cpus.py): this
-    thread and the engine core move off the model worker's cores while the block runs.
+    thread moves off the model worker's cores while the block runs, the engine core
+    beside it or onto the worker's cores.
     (c) gets it from its replica; (a) and (b) get it here, so the baselines are set up
     as well as the shipped stage (without it, (a) ran up to 1.3x slower here).
     `engine_core_cpus` ("host" or "workers"): where the engine core goes, as the

@@ -7,7 +7,9 @@ kernel also places them on the worker's cores, and every CPU-second of
 encoding there is taken from the forward. After the engine is up,
 `isolate_host_work` reads which CPUs the workers' threads are bound to
 (Linux affinity masks, nothing guessed). It then moves the calling thread
-and the engine's other processes onto the remaining CPUs. Threads created
+and the engine's other processes onto the remaining CPUs, except the engine
+core when it is to share the workers' CPUs (`regenerate.engine_core_cpus`:
+on a CPU engine the two take turns). Threads created
 afterwards (the feeder and its pools) inherit the calling thread's mask.
 Where no worker is bound (a GPU engine, a CPU engine started with
 `VLLM_CPU_OMP_THREADS_BIND=nobind`), or the workers hold every CPU, it

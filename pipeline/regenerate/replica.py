@@ -55,8 +55,9 @@ class RegenerateReplica:
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started
-        # Before the feeder exists: its thread and pools inherit this thread's CPUs; the
-        # engine core (and a "host" write-back process) move there too.
+        # Before the feeder exists: its thread and pools inherit this thread's CPUs; a
+        # "host" write-back process moves there too, the engine core there or onto the
+        # workers' CPUs (`engine_core_cpus`).
         keep = {writeback.pid} if writeback is not None and every else set()
         self.host_cpus = (
             isolate_host_work(keep, engine_core_on_workers=regenerate.engine_core_cpus == "workers")
