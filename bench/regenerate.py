@@ -51,9 +51,11 @@ replica process, its engine processes and its write-back process, on-CPU
 samples only) and prints the shares of engine, capture, transport, encoding,
 writing and Ray. Each (c) also records the CPU seconds of the replica's
 processes over its steady state (`c_cpu_*_s`: the replica, its write-back
-process, the model workers, the engine core). Also measured: encode MB/s per core of
-the bf16 codec at the 2.8T example's width (hidden 7168 x 6 states), with one
-and two threads (the write-back's threads need the codec to release the GIL).
+process, the model workers, the engine core), and (a) and (c) the seconds
+of their engine loops admitting, in engine steps and handling results. Also
+measured: encode MB/s per core of the bf16 codec at the 2.8T example's width
+(hidden 7168 x 6 states), with one and two threads (the write-back's threads
+need the codec to release the GIL).
 Results merge into bench/results.json; this bench's section of RESULTS.md is
 replaced. One script on purpose (over 400 lines): the three paths, the
 rounds, the profile and the records read best side by side.
@@ -164,12 +166,14 @@ def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, in
     return answers, seconds, prompt_tokens, generated
 
 
-def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, int]:
+def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, int, dict]:
     """(a): a plain engine fed the way the project feeds its capture engine, without
     capture: a step loop over `LLMEngine` with up to `max_requests_in_flight` requests
     in it, a conversation's next turn submitted the moment its turn returns (ahead of
     waiting first turns). No round barrier: the plain engine as well as it can be fed
-    (turn rounds of `LLM.generate` idle on each round's tail; `plain_rounds`)."""
+    (turn rounds of `LLM.generate` idle on each round's tail; `plain_rounds`). Also
+    returns the loop's seconds admitting, in engine steps and handling results, split
+    as (c)'s feeder splits its own (`c_admit_s`, `c_step_s`, `c_handle_s`)."""
     import heapq
 
     from vllm import SamplingParams
@@ -192,8 +196,10 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
     heapq.heapify(waiting)
     order = len(conversations)
     in_flight: dict[str, tuple[str, int, list[int]]] = {}
+    phases = {"admit_s": 0.0, "step_s": 0.0, "handle_s": 0.0}
     started = time.perf_counter()
     while waiting or in_flight:
+        admitting = time.perf_counter()
         while waiting and len(in_flight) < limit:
             _, _, cid, turn = heapq.heappop(waiting)
             conv = by_id[cid]
@@ -213,7 +219,12 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
             rid = sample_id(cid, turn)
             engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
             in_flight[rid] = (cid, turn, prompt)
-        for out in engine.step():
+        stepping = time.perf_counter()
+        outputs = engine.step()
+        handling = time.perf_counter()
+        phases["admit_s"] += stepping - admitting
+        phases["step_s"] += handling - stepping
+        for out in outputs:
             if not out.finished:
                 continue
             cid, turn, prompt = in_flight.pop(out.request_id)
@@ -226,10 +237,11 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
             if later:
                 order += 1
                 heapq.heappush(waiting, (0, order, cid, later[0]))  # next turns first
+        phases["handle_s"] += time.perf_counter() - handling
     seconds = time.perf_counter() - started
     prompt_tokens = sum(len(p) for p, _ in answers.values())
     generated = sum(len(a) for _, a in answers.values())
-    return answers, seconds, prompt_tokens, generated
+    return answers, seconds, prompt_tokens, generated, phases
 
 
 def second_pass(capture, answers: dict, out_dir: Path) -> float:
@@ -287,7 +299,7 @@ def _inprocess_child(spec: str) -> None:
     config = bench_config(name, int(count), Path(tempfile.gettempdir()) / "unused")
     conversations = load_corpus(config.corpus).conversations
     llm, tokenizer, start = plain_engine(config)
-    _, seconds, _, generated = plain_fed(llm, tokenizer, config, conversations)
+    _, seconds, _, generated, _ = plain_fed(llm, tokenizer, config, conversations)
     out = {
         "a_inproc_s": seconds,
         "a_inproc_tok_s": generated / seconds,
@@ -361,8 +373,9 @@ def run_a_b(
         extra[f"a_{placement}_s"] = runs[placement][1]
         extra[f"a_{placement}_tok_s"] = runs[placement][3] / runs[placement][1]
     best = max(PLACEMENTS, key=lambda k: extra[f"a_{k}_tok_s"])
-    answers, a_s, prompt_tokens, generated = runs[best]
+    answers, a_s, prompt_tokens, generated, phases = runs[best]
     extra["a_placement"] = best
+    extra |= {f"a_{k}": v for k, v in phases.items()}
     if with_rounds:  # what a user of `LLM.generate` gets: turn rounds, each one call
         with host_work_isolated(best):
             rounds_answers, rounds_s, _, rounds_generated = plain_rounds(
@@ -699,6 +712,9 @@ def run_target(name: str, args, log: list[str]) -> dict:
         out["a_host_tok_s"] = med("a_host_tok_s")
         out["a_workers_tok_s"] = med("a_workers_tok_s")
         out["a_placement"] = [r["a_placement"] for r in rounds]
+    if "a_admit_s" in rounds[0]:  # where each loop's time went, (a)'s and (c)'s alike
+        for phase in ("admit_s", "step_s", "handle_s"):
+            out[f"a_{phase}"], out[f"c_{phase}"] = med(f"a_{phase}"), med(f"c_{phase}")
     if "a_inproc_tok_s" in rounds[0]:
         for r in rounds:
             r["c_over_a_inproc"] = round(r["c_tok_s"] / r["a_inproc_tok_s"], 3)
@@ -741,6 +757,15 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 f"{fmt(r['a_host_tok_s'])} tok/s, on the model worker's "
                 f"{fmt(r['a_workers_tok_s'])} tok/s (`regenerate.engine_core_cpus`); (a) is "
                 f"the faster of the two in each round ({', '.join(r['a_placement'])}).",
+            ]
+        if "a_admit_s" in r:
+            lines += [
+                "",
+                f"{name}: the engine loop's seconds, (a) / (c): admitting "
+                f"{fmt(r['a_admit_s'], 2)} / {fmt(r['c_admit_s'], 2)}, in engine steps "
+                f"{fmt(r['a_step_s'], 2)} / {fmt(r['c_step_s'], 2)}, handling results "
+                f"{fmt(r['a_handle_s'], 2)} / {fmt(r['c_handle_s'], 2)} ((c)'s steps include "
+                "taking the step's captured rows).",
             ]
         if "a_inproc_tok_s" in r:
             lines += [
