@@ -764,8 +764,8 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 f"{name}: the engine loop's seconds, (a) / (c): admitting "
                 f"{fmt(r['a_admit_s'], 2)} / {fmt(r['c_admit_s'], 2)}, in engine steps "
                 f"{fmt(r['a_step_s'], 2)} / {fmt(r['c_step_s'], 2)}, handling results "
-                f"{fmt(r['a_handle_s'], 2)} / {fmt(r['c_handle_s'], 2)} ((c)'s steps include "
-                "taking the step's captured rows).",
+                f"{fmt(r['a_handle_s'], 2)} / {fmt(r['c_handle_s'], 2)} ((c)'s steps include the "
+                "capture in the step and taking its rows).",
             ]
         if "a_inproc_tok_s" in r:
             lines += [

@@ -64,6 +64,7 @@ class RegenerateReplica:
             if regenerate.isolate_engine_cpus
             else None
         )
+        self.engine_core_cpus = engine_core_cpus()  # read once: stats() is polled
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
         )
@@ -117,7 +118,7 @@ class RegenerateReplica:
             "units_wanted": self.units_wanted,
             "max_units": self.max_units,
             "host_cpus": sorted(self.host_cpus) if self.host_cpus else None,
-            "engine_core_cpus": engine_core_cpus(),
+            "engine_core_cpus": self.engine_core_cpus,
         }
 
     def _cpu(self) -> dict[str, float]:
