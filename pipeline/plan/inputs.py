@@ -67,7 +67,7 @@ class Assumptions(ConfigModel):
     # HBM per GPU (GB300: 288 GB HBM3e) and bytes per weight (None: the target's dtype).
     gpu_memory_gb: float = Field(288.0, gt=0)
     weight_bytes_per_param: float | None = Field(None, gt=0)
-    # Draft training (DSpark reference recipe, DESIGN.md §6) and its GPUs.
+    # Draft training (DSpark reference recipe, docs/design.md#the-draft-dspark) and its GPUs.
     train_epochs: float = Field(1.0, gt=0)
     draft_layers: int = Field(5, gt=0)
     block_size: int = Field(8, gt=0)
