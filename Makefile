@@ -36,8 +36,8 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline jobs schemas tests bench
-	$(VENV)/bin/ruff format --check pipeline jobs schemas tests bench
+	$(VENV)/bin/ruff check pipeline schemas tests bench
+	$(VENV)/bin/ruff format --check pipeline schemas tests bench
 
 constraints: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torchvision|torchaudio|torchcodec)==' > constraints.txt.new
