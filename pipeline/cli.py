@@ -76,7 +76,8 @@ class _Group(click.Group):
             if message is None or ctx.meta.get("dspark.verbose"):
                 raise
             if isinstance(err, WrongConfigKind) and ctx.invoked_subcommand:
-                message += f"; `{ctx.invoked_subcommand}` takes a {err.kind} config"
+                article = "an" if err.kind[0] in "aeiou" else "a"
+                message += f"; `{ctx.invoked_subcommand}` takes {article} {err.kind} config"
             click.secho(f"error: {message}", fg="red", err=True)
             sys.exit(1)
 

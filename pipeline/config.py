@@ -86,7 +86,7 @@ def load_model_yaml(model: type[M], path: str | Path, overrides: dict[str, Any] 
     unknown = [k for k in data if k not in model.model_fields]
     if len(unknown) >= 2 and len(unknown) * 2 > len(data):
         raise WrongConfigKind(
-            f"{path} is not a {kind} config (top-level keys {', '.join(map(str, unknown))} "
+            f"{path} is not {'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind} config (top-level keys {', '.join(map(str, unknown))} "
             "are not among its sections)",
             kind,
         )
