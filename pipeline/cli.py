@@ -298,7 +298,12 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
 )
 @ENDPOINT_OPTION
 def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
-    """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards."""
+    """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards.
+
+    \b
+    Example:
+      dspark-targets verify s3://bucket/datasets/qwen3-8b --version 3
+    """
     from pipeline.shards.tools import verify_dataset
 
     report = verify_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
@@ -330,7 +335,12 @@ def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
 def export(
     uri: str, fmt: str, out: Path, version: int | None, verify: bool, endpoint_url: str | None
 ) -> None:
-    """Write the live samples of a dataset version in another trainer's layout."""
+    """Write the live samples of a dataset version in another trainer's layout.
+
+    \b
+    Example:
+      dspark-targets export runs/demo/dataset --format hf-datasets --out runs/demo/hf
+    """
     from pipeline.shards.export import export_dataset
 
     report = export_dataset(
@@ -375,6 +385,10 @@ def gc(
     Files a live write session may still commit are kept whatever their age;
     stale multipart uploads are aborted; with --keep-versions, the roots of
     older unpinned versions go, and the files only they named.
+
+    \b
+    Example:
+      dspark-targets gc runs/demo/dataset --keep-versions 2 --delete
     """
     from pipeline.shards.tools import gc_dataset
 
@@ -523,7 +537,12 @@ def plan(
     help="Corpus size (default: the config's).",
 )
 def demo(out: Path, num_conversations: int | None) -> None:
-    """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target)."""
+    """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target).
+
+    \b
+    Example:
+      dspark-targets demo --out runs/demo
+    """
     from pipeline.demo.run import run_demo
 
     run_demo(out_dir=out, num_conversations=num_conversations)
@@ -551,7 +570,12 @@ def corpus(out: Path, num_conversations: int, seed: int) -> None:
 @click.argument("name", default="trained")
 @click.option("--report", is_flag=True, help="Also print held-out loss, answer diversity, entropy.")
 def toy_target(name: str, report: bool) -> None:
-    """Build (or find cached) a toy target model and print its directory."""
+    """Build (or find cached) a toy target model and print its directory.
+
+    \b
+    Example:
+      dspark-targets toy-target trained --report
+    """
     import json
 
     from pipeline.toy.target import build_toy_target
