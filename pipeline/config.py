@@ -114,17 +114,22 @@ def check_override_key(model: type[BaseModel], dotted: str, kind: str = "") -> N
         if part not in fields:
             close = difflib.get_close_matches(part, list(fields), n=1)
             where = ".".join(parts[:i]) if i else f"the {kind} config" if kind else "the config"
-            hint = f"; did you mean {'.'.join([*parts[:i], close[0], *parts[i + 1 :]])}?"
-            raise ConfigError(f"--set {dotted}: {where} has no key {part!r}{hint if close else ''}")
+            hint = ""
+            if close:
+                hint = f"; did you mean {'.'.join([*parts[:i], close[0], *parts[i + 1 :]])}?"
+            raise ConfigError(f"--set {dotted}: {where} has no key {part!r}{hint}")
         node = _model_of(fields[part].annotation)
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
     """The config model a field holds (through `X | None`), or None for anything else."""
+    import types
     import typing
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None  # a list, a mapping, a plain value
     models = [a for a in typing.get_args(annotation) if a is not type(None)]
     if len(models) == 1 and isinstance(models[0], type) and issubclass(models[0], BaseModel):
         return models[0]
