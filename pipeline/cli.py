@@ -1,9 +1,12 @@
 """The `dspark-targets` command: a thin layer that parses arguments and calls the library.
 
-Each command exits non-zero on failure with a one-line reason; `--verbose`
-shows tracebacks and third-party logs. Over 400 lines on purpose: one short
-parse-and-call function per command (thirteen of them, every option with its
-help text); nothing else lives here.
+`python -m pipeline <command>` is the one command surface, on a laptop and in
+`ray job submit` alike. Each command exits non-zero on failure with a one-line
+reason (`_Group.invoke` for the library's errors, `main` for click's usage
+errors); `--verbose`/`-v`, before or after the command, keeps tracebacks and
+third-party logs. Over 400 lines on purpose: one short parse-and-call function
+per command, every option with its help text and an example; nothing else
+lives here.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ def _verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
 
 
 class _Group(click.Group):
-    """The one place errors are reported: known failures as one line and exit 1.
+    """The one place the library's errors are reported: as one line, exit 1.
 
-    Every command also takes `--verbose/-v` (after its name, as well as before
-    it); with it, a failure keeps its traceback. Click's usage errors (exit 2)
-    are already one line.
+    `pipeline.errors.describe_error` says which failures a user can act on;
+    anything else is a bug and keeps its traceback. Every command also takes
+    `--verbose/-v` (after its name, as well as before it); with it, a failure
+    keeps its traceback too.
     """
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
