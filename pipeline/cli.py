@@ -597,6 +597,9 @@ def main() -> None:
     try:
         code = cli.main(prog_name="dspark-targets", standalone_mode=False)
     except click.UsageError as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # a bare `dspark-targets`: its help
+            click.echo(err.format_message(), err=True)
+            sys.exit(err.exit_code)
         hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
         click.secho(f"error: {err.format_message()}{hint}", fg="red", err=True)
         sys.exit(err.exit_code)
