@@ -82,9 +82,13 @@ def test_rack_plan_prints_regeneration_gpu_hours_and_labels_its_assumptions():
         ["plan", "--config", str(RACK_CONFIG), "--inputs", str(RACK_INPUTS), "--capacity-only"],
     )
     assert result.exit_code == 0, result.output
-    rows = {line.split("  ")[1].strip(): line for line in result.output.splitlines() if "  " in line}
+    rows = {
+        line.split("  ")[1].strip(): line for line in result.output.splitlines() if "  " in line
+    }
     # 1.5M samples x 2,000 answer tokens at 40,000 tok/s = 20.8 replica-hours, x 72 GPUs.
-    assert "1,500" in rows["regeneration GPU-hours"] and "x 72 GPUs" in rows["regeneration GPU-hours"]
+    assert (
+        "1,500" in rows["regeneration GPU-hours"] and "x 72 GPUs" in rows["regeneration GPU-hours"]
+    )
     # The replica throughput is the inputs file's assumption, and says so.
     assert "ASSUMPTION, " + str(RACK_INPUTS) in rows["replicas"]
     assumptions = result.output.split("assumptions (")[1]
