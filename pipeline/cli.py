@@ -435,8 +435,9 @@ def gc(
     "assume_spec",
     default=None,
     metavar="SPEC",
-    help="Other assumptions (codec_ratio, encode_mbps_per_core, gpu_memory_gb, train_epochs, "
-    "train_gpu_tflops, train_mfu, ...); see docs/cluster.md.",
+    help="Other inputs: the GPUs (gpu=GB300, train_gpu=H100; or gpu_memory_gb, "
+    "train_gpu_tflops) and assumptions (codec_ratio, encode_mbps_per_core, train_epochs, "
+    "train_mfu, ...), each printed as an ASSUMPTION; see docs/cluster.md.",
 )
 @click.option("--replicas", type=int, default=None, help="Replicas (racks); default: the config's.")
 @click.option(
