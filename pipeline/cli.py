@@ -437,7 +437,7 @@ def gc(
     metavar="SPEC",
     help="Other inputs: the GPUs (gpu=GB300, train_gpu=H100; or gpu_memory_gb, "
     "train_gpu_tflops) and assumptions (codec_ratio, encode_mbps_per_core, train_epochs, "
-    "train_mfu, ...), each printed as an ASSUMPTION; see docs/cluster.md.",
+    "train_mfu, ...), which the plan labels ASSUMPTION; see docs/cluster.md.",
 )
 @click.option("--replicas", type=int, default=None, help="Replicas (racks); default: the config's.")
 @click.option(
