@@ -119,7 +119,8 @@ HOW_TO_MEASURE = {
     "encode_mbps_per_core": "bench/regenerate.py's codec figures on the replica's host CPUs",
     "weight_bytes_per_param": "the checkpoint's dtype (its safetensors headers)",
     "gpu_memory_gb": "the GPU's datasheet (or name the GPU: assume gpu=GB300)",
-    "train_gpu_tflops": "the training GPU's datasheet, dense BF16 (or name it: train_gpu=H100)",
+    "train_gpu_tflops": "name the training GPU (--assume train_gpu=GB300), or its datasheet's "
+    "dense BF16 TFLOPS",
     "train_mfu": "a short training run on the training GPUs: tokens/s x FLOPs per token / peak",
     "train_epochs": "the training config (num_steps x global batch / samples)",
 }

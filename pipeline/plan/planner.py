@@ -194,8 +194,7 @@ def _train_tflops(assume: Assumptions, name: str, where: str) -> figures.Figure:
         return figures.Figure(spec.bf16_tflops, f"{name.upper()} dense BF16, NVIDIA datasheet")
     return figures.Figure(
         spec.bf16_tflops,
-        f"ASSUMPTION, default: an {name} at dense BF16; name the training GPU with "
-        "--assume train_gpu=..",
+        f"ASSUMPTION, default: an {name}, dense BF16",
         True,
     )
 
