@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[cpu,dev]"
 	@# The field's trainer, as an independent reader of our exports (its own pins clash
-	@# with the CPU vLLM stack, so without its dependencies; DESIGN.md §9-10).
+	@# with the CPU vLLM stack, so without its dependencies; docs/design.md#serving-drafts-in-vllm).
 	$(PY) -m pip install -q --no-deps -c constraints.txt speculators hs-connectors
 	@# PyPI builds of these break `import transformers` beside torch 2.13.0+cpu.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
@@ -36,8 +36,8 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline jobs schemas tests bench
-	$(VENV)/bin/ruff format --check pipeline jobs schemas tests bench
+	$(VENV)/bin/ruff check pipeline schemas tests bench
+	$(VENV)/bin/ruff format --check pipeline schemas tests bench
 
 constraints: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torchvision|torchaudio|torchcodec)==' > constraints.txt.new

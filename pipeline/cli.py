@@ -1,9 +1,12 @@
 """The `dspark-targets` command: a thin layer that parses arguments and calls the library.
 
-Each command exits non-zero on failure with a one-line reason; `--verbose`
-shows tracebacks and third-party logs. Over 400 lines on purpose: one short
-parse-and-call function per command (thirteen of them, every option with its
-help text); nothing else lives here.
+`python -m pipeline <command>` is the one command surface, on a laptop and in
+`ray job submit` alike. Each command exits non-zero on failure with a one-line
+reason (`_Group.invoke` for the library's errors, `main` for click's usage
+errors); `--verbose`/`-v`, before or after the command, keeps tracebacks and
+third-party logs. Over 400 lines on purpose: one short parse-and-call function
+per command, every option with its help text and an example; nothing else
+lives here.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import KNOWN_ERRORS
-
 CONFIG_OPTION = click.option(
     "--config",
     "config_path",
@@ -22,36 +23,92 @@ CONFIG_OPTION = click.option(
     required=True,
     help="YAML config (examples: jobs/configs/, pipeline/demo/configs/).",
 )
-SET_OPTION = click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override a config key with a YAML value, e.g. --set replicas.num_replicas=2.",
-)
+
+
+def set_option(example: str):
+    """`--set KEY=VALUE`, repeatable, with an example key of the command's own config."""
+    return click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help=f"Override a config key with a YAML value (repeatable), e.g. --set {example}.",
+    )
+
+
+SET_OPTION = set_option("replicas.num_replicas=2")  # regeneration configs
+
+
+def _verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta["dspark.verbose"] = True
+        from pipeline.logs import setup_logging
+
+        setup_logging(True)
 
 
 class _Group(click.Group):
-    """Turns known errors into a one-line message and exit code 1 (2 for usage)."""
+    """The one place the library's errors are reported: as one line, exit 1.
+
+    `pipeline.errors.describe_error` says which failures a user can act on;
+    anything else is a bug and keeps its traceback. Every command also takes
+    `--verbose/-v` (after its name, as well as before it); with it, a failure
+    keeps its traceback too.
+    """
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.append(
+            click.Option(
+                ["--verbose", "-v"],
+                is_flag=True,
+                expose_value=False,
+                is_eager=True,
+                callback=_verbose,
+                help="Debug logs and full tracebacks.",
+            )
+        )
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except KNOWN_ERRORS as err:
-            if ctx.params.get("verbose"):
+        except Exception as err:
+            from pipeline.config import WrongConfigKind
+            from pipeline.errors import describe_error
+
+            message = describe_error(err)
+            if message is None or ctx.meta.get("dspark.verbose"):
                 raise
-            click.secho(f"error: {err}", fg="red", err=True)
+            if isinstance(err, WrongConfigKind) and ctx.invoked_subcommand:
+                article = "an" if err.kind[0] in "aeiou" else "a"
+                message += f"; `{ctx.invoked_subcommand}` takes {article} {err.kind} config"
+            click.secho(f"error: {message}", fg="red", err=True)
             sys.exit(1)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--verbose", "-v", is_flag=True, help="Debug logs and full tracebacks.")
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_verbose,
+    help="Debug logs and full tracebacks.",
+)
 @click.version_option(package_name="dspark-targets")
-def cli(verbose: bool) -> None:
-    """Produce and use training targets for DSpark/DFlash speculative-decoding drafts."""
+def cli() -> None:
+    """Produce and use training targets for DSpark/DFlash/EAGLE-3 speculative-decoding drafts.
+
+    On a Ray cluster, submit any command as a job:
+
+    \b
+      ray job submit --working-dir . -- python -m pipeline regenerate \\
+          --config jobs/configs/qwen3-8b.yaml
+    """
     from pipeline.logs import setup_logging
 
-    setup_logging(verbose)
+    setup_logging(bool(click.get_current_context().meta.get("dspark.verbose")))
 
 
 @cli.command()
@@ -67,6 +124,11 @@ def regenerate(config_path: Path, overrides: tuple[str, ...], summary_json: Path
     """Regenerate assistant turns with the target and capture hidden states into shards.
 
     Resumable: a rerun skips the units the dataset already holds.
+
+    \b
+    Example:
+      dspark-targets regenerate --config pipeline/demo/configs/toy.yaml \\
+          --set replicas.num_replicas=1
     """
     from pipeline.config import parse_overrides
     from pipeline.regenerate.config import load_config
@@ -80,15 +142,19 @@ def regenerate(config_path: Path, overrides: tuple[str, ...], summary_json: Path
 
 @cli.command()
 @CONFIG_OPTION
-@SET_OPTION
+@set_option("num_steps=200")
 @click.option(
     "--follow", is_flag=True, help="Start while a regeneration still commits; read new versions."
 )
 def train(config_path: Path, overrides: tuple[str, ...], follow: bool) -> None:
-    """Train a DSpark draft from committed shards and export it for vLLM.
+    """Train a draft (DSpark, DFlash or EAGLE-3: `draft.kind`) from committed shards; export it.
 
     With --follow, training starts while a regeneration still commits: epoch 0
     picks up each new version as it lands (same as --set data.follow=true).
+
+    \b
+    Example:
+      dspark-targets train --config pipeline/demo/configs/train-toy.yaml --set num_steps=50
     """
     from pipeline.config import parse_overrides
     from pipeline.train.config import load_train_config
@@ -104,11 +170,15 @@ def train(config_path: Path, overrides: tuple[str, ...], follow: bool) -> None:
 
 @cli.command()
 @CONFIG_OPTION
-@SET_OPTION
+@set_option("live.num_prompts=4")
 def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
     """Measure drafts' acceptance length per domain against the target; write a report.
 
     Exits 1 if the vLLM cross-check (when configured) falls outside its tolerance.
+
+    \b
+    Example:
+      dspark-targets evaluate --config pipeline/demo/configs/eval-toy.yaml
     """
     from pipeline.config import parse_overrides
     from pipeline.evaluate.config import load_eval_config
@@ -119,6 +189,11 @@ def evaluate(config_path: Path, overrides: tuple[str, ...]) -> None:
     )
     click.echo("\n".join(result.lines()))
     if not result.ok:
+        click.secho(
+            "error: vLLM's tau is outside the stated tolerance of the offline tau",
+            fg="red",
+            err=True,
+        )
         sys.exit(1)
 
 
@@ -158,6 +233,10 @@ def refresh(
     target revision, layer set, template, codec or generation parameters start
     a new lineage (said in one line before any engine starts). Exits 1 naming
     the holder if another regeneration or refresh holds the dataset's lease.
+
+    \b
+    Example:
+      dspark-targets refresh --config jobs/configs/qwen3-8b.yaml --wait-for-lease 600
     """
     from pipeline.config import parse_overrides
     from pipeline.regenerate.config import load_config
@@ -171,6 +250,18 @@ def refresh(
         summary.write_json(summary_json)
     for line in summary.lines():
         click.echo(line)
+
+
+def check_dataset_uri(uri: str) -> str:
+    """`uri`, after checking that a local one names a directory that exists."""
+    if "://" in uri and not uri.startswith("file://"):
+        return uri
+    path = Path(uri.removeprefix("file://"))
+    if not path.exists():
+        raise FileNotFoundError(f"{uri}: no such dataset (the path does not exist)")
+    if not path.is_dir():
+        raise NotADirectoryError(f"{uri} is a file; a dataset is a directory or an s3:// prefix")
+    return uri
 
 
 ENDPOINT_OPTION = click.option(
@@ -188,10 +279,20 @@ ENDPOINT_OPTION = click.option(
 )
 @ENDPOINT_OPTION
 def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
-    """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance."""
+    """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance.
+
+    Exits 1 when nothing has been committed there.
+
+    \b
+    Example:
+      dspark-targets inspect runs/demo/dataset
+    """
     from pipeline.shards.tools import inspect_dataset
 
-    click.echo(inspect_dataset(uri, version=version, endpoint_url=endpoint_url).to_text())
+    report = inspect_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
+    if report.manifest is None:
+        raise ValueError(f"{report.uri}: no committed version (no dataset there, or none yet)")
+    click.echo(report.to_text())
 
 
 @cli.command()
@@ -201,10 +302,15 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
 )
 @ENDPOINT_OPTION
 def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
-    """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards."""
+    """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards.
+
+    \b
+    Example:
+      dspark-targets verify s3://bucket/datasets/qwen3-8b --version 3
+    """
     from pipeline.shards.tools import verify_dataset
 
-    report = verify_dataset(uri, version=version, endpoint_url=endpoint_url)
+    report = verify_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
     click.echo(report.to_text())
     if not report.ok:
         sys.exit(1)
@@ -233,11 +339,21 @@ def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
 def export(
     uri: str, fmt: str, out: Path, version: int | None, verify: bool, endpoint_url: str | None
 ) -> None:
-    """Write the live samples of a dataset version in another trainer's layout."""
+    """Write the live samples of a dataset version in another trainer's layout.
+
+    \b
+    Example:
+      dspark-targets export runs/demo/dataset --format hf-datasets --out runs/demo/hf
+    """
     from pipeline.shards.export import export_dataset
 
     report = export_dataset(
-        uri, out, format=fmt, version=version, endpoint_url=endpoint_url, verify=verify
+        check_dataset_uri(uri),
+        out,
+        format=fmt,
+        version=version,
+        endpoint_url=endpoint_url,
+        verify=verify,
     )
     click.echo(report.to_text())
 
@@ -273,11 +389,15 @@ def gc(
     Files a live write session may still commit are kept whatever their age;
     stale multipart uploads are aborted; with --keep-versions, the roots of
     older unpinned versions go, and the files only they named.
+
+    \b
+    Example:
+      dspark-targets gc runs/demo/dataset --keep-versions 2 --delete
     """
     from pipeline.shards.tools import gc_dataset
 
     report = gc_dataset(
-        uri,
+        check_dataset_uri(uri),
         delete=delete,
         keep_versions=keep_versions,
         min_age_s=min_age_hours * 3600,
@@ -295,7 +415,7 @@ def gc(
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Planner inputs YAML (sections corpus, target, assume; num_replicas), "
-    "e.g. cluster/plan-moe-2p8t-gb300.yaml.",
+    "e.g. cluster/plan/moe-2p8t-gb300.yaml.",
 )
 @click.option(
     "--corpus-stats",
@@ -315,8 +435,9 @@ def gc(
     "assume_spec",
     default=None,
     metavar="SPEC",
-    help="Other assumptions (codec_ratio, encode_mbps_per_core, gpu_memory_gb, train_epochs, "
-    "train_gpu_tflops, train_mfu, ...); see docs/cluster.md.",
+    help="Other inputs: the GPUs (gpu=GB300, train_gpu=H100; or gpu_memory_gb, "
+    "train_gpu_tflops) and assumptions (codec_ratio, encode_mbps_per_core, train_epochs, "
+    "train_mfu, ...), which the plan labels ASSUMPTION; see docs/cluster.md.",
 )
 @click.option("--replicas", type=int, default=None, help="Replicas (racks); default: the config's.")
 @click.option(
@@ -354,12 +475,23 @@ def plan(
     compare_uri: str | None,
     endpoint_url: str | None,
 ) -> None:
-    """Validate a config; print it resolved, the resources it asks for, and what its corpus costs.
+    """Validate a regeneration config; print it resolved, its Ray resources and its cost.
 
     Capacity: stored TB per version (hidden states + tokens, by codec), objects and
     shard sizes, hidden-state bytes/s per replica with the encode cores and upload
-    bandwidth that takes, replica-hours and wall days, training tokens and draft
-    GPU-hours.
+    bandwidth that takes, replica-hours, regeneration GPU-hours and wall days,
+    training tokens and draft GPU-hours. Every figure that is assumed rather than
+    read or measured is labelled as such, with where a measured one comes from.
+
+    \b
+    Examples:
+      dspark-targets plan --config pipeline/demo/configs/toy.yaml
+      dspark-targets plan --config jobs/configs/moe-2p8t-gb300.yaml \\
+          --inputs cluster/plan/moe-2p8t-gb300.yaml --capacity-only
+      dspark-targets plan --config jobs/configs/qwen3-8b.yaml --capacity-only \\
+          --target-stats hidden_size=4096,num_layers=36,params=8.2e9,vocab_size=151936 \\
+          --corpus-stats num_conversations=100000,num_samples=150000,prompt_tokens=800,answer_tokens=600 \\
+          --assume gpu=H100 --replica-tok-s 20000
     """
     from pipeline.config import parse_overrides
     from pipeline.plan import describe_resources
@@ -404,10 +536,18 @@ def plan(
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"))
 @click.option(
-    "--num-conversations", type=int, default=None, help="Corpus size (default: the config's)."
+    "--num-conversations",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Corpus size (default: the config's).",
 )
 def demo(out: Path, num_conversations: int | None) -> None:
-    """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target)."""
+    """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target).
+
+    \b
+    Example:
+      dspark-targets demo --out runs/demo
+    """
     from pipeline.demo.run import run_demo
 
     run_demo(out_dir=out, num_conversations=num_conversations)
@@ -415,10 +555,15 @@ def demo(out: Path, num_conversations: int | None) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--num-conversations", type=int, default=1000, show_default=True)
+@click.option("--num-conversations", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def corpus(out: Path, num_conversations: int, seed: int) -> None:
-    """Write the synthetic multi-domain corpus as JSONL and Parquet."""
+    """Write the synthetic multi-domain corpus as JSONL and Parquet.
+
+    \b
+    Example:
+      dspark-targets corpus --out runs/corpus --num-conversations 300
+    """
     from pipeline.corpus.synthetic import SyntheticCorpusConfig, write_corpus
 
     paths = write_corpus(SyntheticCorpusConfig(num_conversations=num_conversations, seed=seed), out)
@@ -430,7 +575,12 @@ def corpus(out: Path, num_conversations: int, seed: int) -> None:
 @click.argument("name", default="trained")
 @click.option("--report", is_flag=True, help="Also print held-out loss, answer diversity, entropy.")
 def toy_target(name: str, report: bool) -> None:
-    """Build (or find cached) a toy target model and print its directory."""
+    """Build (or find cached) a toy target model and print its directory.
+
+    \b
+    Example:
+      dspark-targets toy-target trained --report
+    """
     import json
 
     from pipeline.toy.target import build_toy_target
@@ -444,7 +594,23 @@ def toy_target(name: str, report: bool) -> None:
 
 
 def main() -> None:
-    cli(prog_name="dspark-targets")
+    """The console script: click's usage errors, too, as one line (exit 2)."""
+    try:
+        code = cli.main(prog_name="dspark-targets", standalone_mode=False)
+    except click.UsageError as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # a bare `dspark-targets`: its help
+            click.echo(err.format_message(), err=True)
+            sys.exit(err.exit_code)
+        hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+        click.secho(f"error: {err.format_message()}{hint}", fg="red", err=True)
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        click.secho(f"error: {err.format_message()}", fg="red", err=True)
+        sys.exit(err.exit_code)
+    except click.Abort:
+        click.secho("error: aborted", fg="red", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,22 @@ class ConfigError(ValueError):
     """A config file is missing, unparsable or invalid; the message says where."""
 
 
+class WrongConfigKind(ConfigError):
+    """A config of another kind (a training config given where a regeneration one belongs)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # the kind that was wanted: "regeneration", "training", ...
+
+
+# What each stage's top-level config is called in messages.
+CONFIG_KINDS = {
+    "PipelineConfig": "regeneration",
+    "TrainConfig": "training",
+    "EvalConfig": "evaluation",
+}
+
+
 class ConfigModel(BaseModel):
     """Base of every stage config: frozen, unknown keys rejected."""
 
@@ -66,9 +82,58 @@ def load_model_yaml(model: type[M], path: str | Path, overrides: dict[str, Any] 
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    kind = CONFIG_KINDS.get(model.__name__, model.__name__)
+    unknown = [k for k in data if k not in model.model_fields]
+    if len(unknown) >= 2 and len(unknown) * 2 > len(data):
+        raise WrongConfigKind(
+            f"{path} is not {'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind} config (top-level keys {', '.join(map(str, unknown))} "
+            "are not among its sections)",
+            kind,
+        )
+    for dotted in overrides or {}:
+        check_override_key(model, dotted, kind)
     for dotted, value in (overrides or {}).items():
         set_dotted(data, dotted, value)
     return parse_model(model, data, str(path))
+
+
+def check_override_key(model: type[BaseModel], dotted: str, kind: str = "") -> None:
+    """Raise naming the `--set` override whose key the config does not have, with a suggestion.
+
+    Keys below a mapping or list field (`corpus.sources.0.path`, a bundle's
+    resources) are not checked here; validation names them.
+    """
+    import difflib
+
+    node: type[BaseModel] | None = model
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if node is None:
+            return
+        fields = node.model_fields
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            where = ".".join(parts[:i]) if i else f"the {kind} config" if kind else "the config"
+            hint = ""
+            if close:
+                hint = f"; did you mean {'.'.join([*parts[:i], close[0], *parts[i + 1 :]])}?"
+            raise ConfigError(f"--set {dotted}: {where} has no key {part!r}{hint}")
+        node = _model_of(fields[part].annotation)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The config model a field holds (through `X | None`), or None for anything else."""
+    import types
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None  # a list, a mapping, a plain value
+    models = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(models) == 1 and isinstance(models[0], type) and issubclass(models[0], BaseModel):
+        return models[0]
+    return None
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

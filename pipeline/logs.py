@@ -1,7 +1,10 @@
 """Quiet, structured logging: `key=value` pairs on one line per event.
 
-Third-party loggers (vLLM, Ray, transformers) are turned down to WARNING unless
-`--verbose` is given, so a long job's log shows the pipeline's own events.
+Third-party loggers (vLLM, Ray, transformers, the S3 client) are turned down to
+WARNING unless `--verbose` is given, so a long job's log shows the pipeline's
+own events; a few lines every normal run prints that tell an operator nothing
+(`QUIET_LINES`) are dropped. vLLM's warnings of preemption, memory and
+restarted workers are never among them.
 """
 
 from __future__ import annotations
@@ -9,7 +12,38 @@ from __future__ import annotations
 import logging
 import os
 
-_NOISY = ("vllm", "ray", "transformers", "datasets", "urllib3", "botocore", "s3fs", "filelock")
+_NOISY = (
+    "vllm",
+    "ray",
+    "transformers",
+    "datasets",
+    "urllib3",
+    "botocore",
+    "aiobotocore",  # "Found credentials in environment variables." at every start
+    "s3fs",
+    "filelock",
+    # Ray resets its own "ray" logger to INFO when imported; its children keep these.
+    "ray._private.worker",  # "Started a local Ray instance. View the dashboard at ..."
+    "ray._private.services",
+)
+# Loggers whose WARNINGs are routine here: matplotlib's font cache ("building the
+# font cache", missing font families) when the evaluation draws its plots.
+_ERRORS_ONLY = ("matplotlib",)
+# (logger, start of a message) a normal run prints that asks nothing of an operator:
+# Ray's notice, at every local `ray.init`, that token authentication is off (or on)
+# for the cluster it starts on this machine.
+QUIET_LINES = (
+    ("ray._private.authentication.authentication_token_setup", "Token authentication is"),
+)
+
+
+class _DropLines(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -27,11 +61,24 @@ def setup_logging(verbose: bool = False) -> None:
     # Their DEBUG records carry signed request headers (access key id, session token).
     for name in CREDENTIAL_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.INFO))
-    if not verbose:
+    if verbose:  # also after a quiet setup (`-v` given after the command)
+        for name in (*_NOISY, *_ERRORS_ONLY):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        for name, _ in QUIET_LINES:
+            quiet = logging.getLogger(name)
+            for f in [f for f in quiet.filters if isinstance(f, _DropLines)]:
+                quiet.removeFilter(f)
+    else:
         import warnings
 
         for name in _NOISY:
             logging.getLogger(name).setLevel(logging.WARNING)
+        for name in _ERRORS_ONLY:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        for name, prefix in QUIET_LINES:
+            quiet = logging.getLogger(name)
+            if not any(isinstance(f, _DropLines) for f in quiet.filters):
+                quiet.addFilter(_DropLines((prefix,)))
         # vLLM's CPU build warns at every start (Triton, oneDNN, deprecated torch APIs).
         logging.getLogger("vllm").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", category=FutureWarning)

@@ -12,7 +12,7 @@ synthetic stream (bench/RESULTS.md), Parquet's own element-wise encodings of a
 `list<uint16>` / `fixed_size_binary(2)` column write at 30-80 MB/s, far below
 the 200 MB/s a writer needs, while one frame per tensor stored as a single
 binary value writes at disk speed; and `datasets` cannot read Arrow's
-`fixed_shape_tensor` extension type at all (DESIGN.md §9).
+`fixed_shape_tensor` extension type at all (docs/design.md#storage-and-commit).
 """
 
 from __future__ import annotations

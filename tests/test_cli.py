@@ -1,3 +1,5 @@
+import importlib
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -39,14 +41,70 @@ def test_plan_prints_resolved_config_and_resources():
     assert "total GPUs requested: 288" in result.output
 
 
-def test_stage_commands_name_the_bad_key(tmp_path):
+def test_stage_commands_refuse_a_config_of_another_kind(tmp_path):
     # train and evaluate read their own config formats; a pipeline config is not one.
     for name in ("train", "evaluate"):
         result = CliRunner().invoke(
             cli, [name, "--config", str(ROOT / "pipeline/demo/configs/toy.yaml")]
         )
         assert result.exit_code == 1, (name, result.output)
-        assert "toy.yaml: invalid config" in result.output and "unknown key" in result.output
+        assert "toy.yaml is not a" in result.output and f"`{name}` takes" in result.output
+
+
+def help_examples() -> list[tuple[str, list[str]]]:
+    """(command, argv) of every `dspark-targets ...` example in the help texts."""
+    out = []
+    for name, command in [("", cli), *cli.commands.items()]:
+        lines = (command.help or "").splitlines()
+        for i, line in enumerate(lines):
+            text = line.strip()
+            if not text.startswith("dspark-targets ") and "python -m pipeline " not in text:
+                continue
+            while text.endswith("\\"):  # continued on the next line
+                text = text[:-1] + lines[i + 1].strip()
+                i += 1
+            argv = shlex.split(text.split("python -m pipeline ", 1)[-1])
+            out.append((name, argv[1:] if argv[0] == "dspark-targets" else argv))
+    return out
+
+
+def test_every_command_has_an_example_and_every_example_parses():
+    examples = help_examples()
+    named = {argv[0] for _, argv in examples}
+    # The commands of this file's COMMANDS and the two helpers; a new command adds itself.
+    for name in (*COMMANDS, "corpus", "toy-target"):
+        assert name in named, f"{name} --help has no example"
+    for _, argv in examples:
+        command = cli.commands[argv[0]]
+        ctx = command.make_context(argv[0], argv[1:])  # click's parse; raises on a bad option
+        for key in ("config_path", "inputs_path"):
+            if ctx.params.get(key) is not None:
+                assert (ROOT / ctx.params[key]).is_file(), (argv, key)
+        if "overrides" in ctx.params and ctx.params.get("config_path"):
+            # The example's --set keys exist in its config.
+            from pipeline.config import parse_overrides
+
+            loader = {
+                "train": "pipeline.train.config:load_train_config",
+                "evaluate": "pipeline.evaluate.config:load_eval_config",
+            }.get(argv[0], "pipeline.regenerate.config:load_config")
+            module, func = loader.split(":")
+            load = getattr(importlib.import_module(module), func)
+            load(ROOT / ctx.params["config_path"], parse_overrides(ctx.params["overrides"]))
+
+
+def test_set_examples_in_option_help_name_keys_of_that_commands_config():
+    from pipeline.config import check_override_key
+    from pipeline.evaluate.config import EvalConfig
+    from pipeline.regenerate.config import PipelineConfig
+    from pipeline.train.config import TrainConfig
+
+    models = {"train": TrainConfig, "evaluate": EvalConfig}
+    for name, command in cli.commands.items():
+        for param in command.params:
+            if param.name == "overrides":
+                example = param.help.split("--set ")[1].split("=")[0]
+                check_override_key(models.get(name, PipelineConfig), example)
 
 
 def test_bad_config_is_one_line_error_exit_1(tmp_path):

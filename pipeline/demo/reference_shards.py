@@ -3,7 +3,7 @@
 The same regeneration stage as production (`regenerate.run.run_local`: the
 same planning, unit job, provenance and commit sink), on the transformers
 backend in this process instead of vLLM replicas on Ray: one path, one
-convention (DESIGN.md §3: aux id k = the stream after k layers; the final
+convention (docs/design.md#the-layer-convention: aux id k = the stream after k layers; the final
 state after the norm; the last, never fed row zero). The reference runs in
 float32 (greedy decoding is then a pure function of the weights) and the
 shards store bf16 like every other dataset.

@@ -1,4 +1,4 @@
-"""Acceptance-length evaluation of trained drafts against their target (DESIGN.md §7).
+"""Acceptance-length evaluation of trained drafts against their target (docs/design.md#acceptance-length).
 
 Modules: `offline` (exact T=0 walk), `drafters/` (loading drafts; one drafter
 per kind: DSpark/DFlash blocks drafted left to right, EAGLE-3's step loop),

@@ -1,4 +1,4 @@
-"""Exact acceptance length at temperature 0, without a live loop (DESIGN.md §7).
+"""Exact acceptance length at temperature 0, without a live loop (docs/design.md#acceptance-length).
 
 At T=0 the target's output is its greedy trajectory, which the held-out
 shards already hold (the regenerated answer), together with the target's

@@ -64,28 +64,38 @@ class CapacityPlan:
     encode_mbps_per_core: Figure
     encode_cores: float | None  # per replica
     replica_hours: float | None
+    regen_gpu_hours: float | None  # replica-hours x GPUs per replica
     wall_days: float | None
     num_replicas: int
     # requests the capture memory bound lets a replica hold at once
     admitted_requests: int
     # objects written by the run
     num_versions: int
+    num_segments: int
     manifest_bytes: float
     num_error_objects: int
     num_objects: int
     # replica memory
     weight_bytes: float | None
+    gpu_memory_gb: Figure | None
     replica_hbm_bytes: float | None
     # draft training
     train_tokens: float
     train_positions: float  # drafted block slots (anchors x block size) over all epochs
     train_flops: float | None
+    train_gpu_tflops: Figure
     train_gpu_hours: float | None
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for key in ("codec_ratio", "replica_tok_s", "encode_mbps_per_core"):
+        for key in (
+            "codec_ratio",
+            "replica_tok_s",
+            "encode_mbps_per_core",
+            "gpu_memory_gb",
+            "train_gpu_tflops",
+        ):
             figure = getattr(self, key)
             out[key] = None if figure is None else {"value": figure.value, "source": figure.source}
         return out
@@ -129,6 +139,8 @@ def plan_capacity(
     codec_ratio: Figure,
     encode_mbps: Figure,
     replica_tok_s: Figure | None,
+    gpu_memory_gb: Figure | None,
+    train_gpu_tflops: Figure,
 ) -> CapacityPlan:
     warnings: list[str] = []
     rows = corpus.num_samples
@@ -141,13 +153,14 @@ def plan_capacity(
     footers = shards * assume.shard_footer_bytes
     stored = hidden_bytes + token_bytes + footers
 
-    captured = raw_rate = stored_rate = cores = hours = days = None
+    captured = raw_rate = stored_rate = cores = hours = gpu_hours_regen = days = None
     if replica_tok_s is not None:
         captured = replica_tok_s.value * tokens / answers
         raw_rate = captured * raw_bpt
         stored_rate = raw_rate * codec_ratio.value + captured * assume.token_bytes
         cores = raw_rate / (encode_mbps.value * 1e6)
         hours = answers / replica_tok_s.value / 3600
+        gpu_hours_regen = hours * shape.gpus_per_replica if shape.gpus_per_replica else None
         days = hours / shape.num_replicas / 24
 
     # The feeder's bound covers the raw rows every request in flight reserves (its
@@ -213,8 +226,8 @@ def plan_capacity(
     weights = hbm = None
     if target.params is not None:
         weights = target.params * shape.weight_bytes_per_param
-    if shape.gpus_per_replica:
-        hbm = shape.gpus_per_replica * assume.gpu_memory_gb * 1e9
+    if shape.gpus_per_replica and gpu_memory_gb is not None:
+        hbm = shape.gpus_per_replica * gpu_memory_gb.value * 1e9
         if weights is not None and weights > 0.9 * hbm:
             warnings.append(
                 f"the weights ({weights / 1e12:.1f} TB) leave under 10% of a replica's "
@@ -227,7 +240,7 @@ def plan_capacity(
     train_flops = None if flops_row is None else flops_row * rows * assume.train_epochs
     gpu_hours = None
     if train_flops is not None:
-        gpu_hours = train_flops / (assume.train_gpu_tflops * 1e12 * assume.train_mfu) / 3600
+        gpu_hours = train_flops / (train_gpu_tflops.value * 1e12 * assume.train_mfu) / 3600
     slots = min(assume.num_anchors, corpus.answer_tokens) * assume.block_size
     return CapacityPlan(
         num_samples=rows,
@@ -248,18 +261,22 @@ def plan_capacity(
         encode_mbps_per_core=encode_mbps,
         encode_cores=cores,
         replica_hours=hours,
+        regen_gpu_hours=gpu_hours_regen,
         wall_days=days,
         num_replicas=shape.num_replicas,
         num_versions=versions,
+        num_segments=segments,
         manifest_bytes=manifests,
         num_error_objects=errors,
         num_objects=objects,
         weight_bytes=weights,
+        gpu_memory_gb=gpu_memory_gb,
         replica_hbm_bytes=hbm,
         admitted_requests=admitted,
         train_tokens=tokens * assume.train_epochs,
         train_positions=slots * rows * assume.train_epochs,
         train_flops=train_flops,
+        train_gpu_tflops=train_gpu_tflops,
         train_gpu_hours=gpu_hours,
         warnings=warnings,
     )

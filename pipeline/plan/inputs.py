@@ -48,7 +48,12 @@ class TargetStats(ConfigModel):
 
 
 class Assumptions(ConfigModel):
-    """Figures the planner cannot measure here. Defaults and their sources: docs/cluster.md."""
+    """Figures the planner cannot read from the config or the corpus (docs/cluster.md).
+
+    A value given here is printed as an ASSUMPTION beside where a measured one
+    would come from; one left unset takes the project's measured default
+    (`figures.py`, which names the benchmark and date) or the named GPU's spec.
+    """
 
     # Generated tokens/s of one replica in steady state, capturing (None: the
     # project's measured figure for a known setup, else the plan has no time section).
@@ -64,15 +69,20 @@ class Assumptions(ConfigModel):
     # One manifest lists every shard: its fixed part and each shard's entry (toy: ~0.9 KB, ~0.3 KB).
     manifest_base_bytes: float = Field(900.0, ge=0)
     manifest_entry_bytes: float = Field(300.0, ge=0)
-    # HBM per GPU (GB300: 288 GB HBM3e) and bytes per weight (None: the target's dtype).
-    gpu_memory_gb: float = Field(288.0, gt=0)
+    # The replicas' GPU (figures.GPUS: H100, H200, B200, GB200, GB300), which gives
+    # the GPU memory; or the memory itself. Neither: no replica-memory check.
+    gpu: str | None = None
+    gpu_memory_gb: float | None = Field(None, gt=0)
+    # Bytes per weight (None: the target's dtype).
     weight_bytes_per_param: float | None = Field(None, gt=0)
-    # Draft training (DSpark reference recipe, DESIGN.md §6) and its GPUs.
+    # Draft training (the DSpark reference recipe, docs/design.md#the-draft-dspark).
     train_epochs: float = Field(1.0, gt=0)
     draft_layers: int = Field(5, gt=0)
     block_size: int = Field(8, gt=0)
     num_anchors: int = Field(512, gt=0)
-    train_gpu_tflops: float = Field(989.0, gt=0)  # H100 SXM dense BF16 (NVIDIA datasheet)
+    # The training GPU (default: `gpu`, else an H100) or its dense BF16 TFLOPS.
+    train_gpu: str | None = None
+    train_gpu_tflops: float | None = Field(None, gt=0)
     train_mfu: float = Field(0.3, gt=0, le=1)
 
 
@@ -122,4 +132,17 @@ def parse_spec(spec: str | None, what: str) -> dict[str, Any]:
 
 def build(model: type, data: dict[str, Any], source: str):
     """Validate a section; errors name where it came from and the key."""
+    check_keys(model, data, source)
     return parse_model(model, data, source)
+
+
+def check_keys(model: type, data: dict[str, Any], source: str) -> None:
+    """Refuse a key `model` does not have, naming it and the closest one."""
+    import difflib
+
+    fields = list(model.model_fields)
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f" (keys: {', '.join(fields)})"
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}")

@@ -5,8 +5,9 @@ codec, captured layers, units, commits, replicas); the corpus and target read
 from the config when that needs no network (synthetic or local corpus, a toy or
 local target); a planner-inputs file (`--inputs`); inline specs
 (`--corpus-stats`, `--target-stats`, `--assume`) and `--replicas`,
-`--replica-tok-s`. Measured figures come from bench/results.json
-(`figures.py`). A section whose inputs are missing is left out, naming them.
+`--replica-tok-s`. Figures not given take the project's measured defaults
+(`figures.py`, constants naming their benchmark and date; nothing under bench/
+is read at run time). A section whose inputs are missing is left out, naming them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pipeline.plan.inputs import (
     CorpusStats,
     TargetStats,
     build,
+    check_keys,
     load_inputs,
     parse_spec,
 )
@@ -49,6 +51,8 @@ class PlanReport:
     shape: RunShape | None = None
     capacity: CapacityPlan | None = None
     missing: list[str] = field(default_factory=list)
+    # Figures the plan assumed (given, or an unmeasured default): (Assumptions key, figure).
+    assumptions: list[tuple[str, figures.Figure]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +63,9 @@ class PlanReport:
             "run": None if self.shape is None else self.shape.__dict__,
             "capacity": self.capacity.to_dict() if self.capacity else None,
             "missing": self.missing,
+            "assumptions": {
+                key: {"value": f.value, "source": f.source} for key, f in self.assumptions
+            },
         }
 
     def to_json(self) -> str:
@@ -80,7 +87,6 @@ def make_plan(
     assume_spec: str | None = None,
     num_replicas: int | None = None,
     replica_tok_s: float | None = None,
-    bench_results: str | Path | None = None,
 ) -> PlanReport:
     """The capacity plan of `config` with whatever inputs are given or can be read."""
     from pipeline.plan.corpus_stats import corpus_is_local, measure_corpus, measure_target
@@ -88,8 +94,16 @@ def make_plan(
     inputs = load_inputs(inputs_path)
     where = str(inputs_path) if inputs_path else "command line"
     report = PlanReport(config_source)
+    specs = {
+        "corpus": parse_spec(corpus_spec, "--corpus-stats"),
+        "target": parse_spec(target_spec, "--target-stats"),
+        "assume": parse_spec(assume_spec, "--assume"),
+    }
+    for name, model in (("corpus", CorpusStats), ("target", TargetStats), ("assume", Assumptions)):
+        check_keys(model, getattr(inputs, name), f"{where}: {name}")
+        check_keys(model, specs[name], f"--{name}-stats" if name != "assume" else "--assume")
 
-    given = {**inputs.corpus, **parse_spec(corpus_spec, "--corpus-stats")}
+    given = {**inputs.corpus, **specs["corpus"]}
     report.corpus = _section(
         CorpusStats,
         given,
@@ -99,7 +113,7 @@ def make_plan(
         "prompt_tokens=..,answer_tokens=..): the corpus is not local",
         report=report,
     )
-    given = {**inputs.target, **parse_spec(target_spec, "--target-stats")}
+    given = {**inputs.target, **specs["target"]}
     report.target = _section(
         TargetStats,
         given,
@@ -109,36 +123,55 @@ def make_plan(
         "vocab_size=..): the target's files are not on this machine",
         report=report,
     )
-    assume_data = {**inputs.assume, **parse_spec(assume_spec, "--assume")}
+    origin = {key: where for key in inputs.assume} | {key: "--assume" for key in specs["assume"]}
+    assume_data = {**inputs.assume, **specs["assume"]}
     if replica_tok_s is not None:
         assume_data["replica_tok_s"] = replica_tok_s
+        origin["replica_tok_s"] = "--replica-tok-s"
     report.assume = build(Assumptions, assume_data, f"{where}: assume")
     if report.corpus is None or report.target is None:
         return report
 
-    results = figures.load_results(bench_results)
     shape = run_shape(
         config, report.corpus, report.target, report.assume, num_replicas or inputs.num_replicas
     )
     report.shape = shape
+    assume = report.assume
     toy = config.target.model.startswith("toy:")
-    ratio = report.assume.codec_ratio
-    encode = report.assume.encode_mbps_per_core
-    tok_s = report.assume.replica_tok_s
+
+    def pick(key: str, default: figures.Figure | None) -> figures.Figure | None:
+        """The user's figure (an assumption, labelled as one) over the default."""
+        value = getattr(assume, key)
+        if value is None:
+            if default is not None and default.assumed:
+                report.assumptions.append((key, default))
+            return default
+        figure = figures.Figure(value, f"ASSUMPTION, {origin.get(key, 'default')}", True)
+        report.assumptions.append((key, figure))
+        return figure
+
+    tok_s = pick("replica_tok_s", figures.replica_tok_s(config.target.model, config.target.backend))
+    ratio = pick("codec_ratio", figures.codec_ratio(shape.codec, toy))
+    encode = pick("encode_mbps_per_core", figures.encode_mbps_per_core(shape.codec))
+    assert ratio is not None and encode is not None
+    memory = pick("gpu_memory_gb", _gpu_memory(assume, where))
+    train_gpu = assume.train_gpu or assume.gpu or figures.DEFAULT_TRAIN_GPU
+    tflops = pick("train_gpu_tflops", _train_tflops(assume, train_gpu, where))
+    pick("weight_bytes_per_param", None)
+    for key in ("train_mfu", "train_epochs"):
+        value = getattr(assume, key)
+        label = f"ASSUMPTION, {origin.get(key, 'default')}"
+        report.assumptions.append((key, figures.Figure(value, label, True)))
     report.capacity = plan_capacity(
         report.corpus,
         report.target,
         shape,
-        report.assume,
-        codec_ratio=figures.Figure(ratio, "given")
-        if ratio
-        else figures.codec_ratio(shape.codec, toy, results),
-        encode_mbps=figures.Figure(encode, "given")
-        if encode
-        else figures.encode_mbps_per_core(shape.codec, results),
-        replica_tok_s=figures.Figure(tok_s, "given")
-        if tok_s
-        else figures.replica_tok_s(config.target.model, config.target.backend, results),
+        assume,
+        codec_ratio=ratio,
+        encode_mbps=encode,
+        replica_tok_s=tok_s,
+        gpu_memory_gb=memory,
+        train_gpu_tflops=tflops,
     )
     if report.capacity.replica_tok_s is None:
         report.missing.append(
@@ -146,6 +179,24 @@ def make_plan(
             "no measured figure for this setup, so no data rates or time"
         )
     return report
+
+
+def _gpu_memory(assume: Assumptions, where: str) -> figures.Figure | None:
+    if assume.gpu is None:
+        return None
+    spec = figures.gpu(assume.gpu, f"{where}: assume.gpu")
+    return figures.Figure(spec.memory_gb, f"{assume.gpu.upper()}, NVIDIA datasheet")
+
+
+def _train_tflops(assume: Assumptions, name: str, where: str) -> figures.Figure:
+    spec = figures.gpu(name, f"{where}: assume.train_gpu")
+    if assume.train_gpu or assume.gpu:
+        return figures.Figure(spec.bf16_tflops, f"{name.upper()} dense BF16, NVIDIA datasheet")
+    return figures.Figure(
+        spec.bf16_tflops,
+        f"ASSUMPTION, default: an {name}, dense BF16",
+        True,
+    )
 
 
 def run_shape(

@@ -105,7 +105,9 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
         (
             "objects",
             f"{p.num_objects:,}",
-            f"shards + manifests + _latest + {p.num_error_objects} error files",
+            f"2 x {p.num_shards:,} shards and sidecars + {p.num_versions:,} roots + "
+            f"{p.num_segments:,} segments + 3 (_latest, lease, card) + "
+            f"{p.num_error_objects} error files",
         )
     )
     rows.append(("per replica", "", ""))
@@ -145,14 +147,23 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
         )
         rows.append(("time", "", ""))
         rows.append(("replica-hours", num(p.replica_hours), "answer tokens / generated tok/s"))
+        if p.regen_gpu_hours is not None:
+            rows.append(
+                (
+                    "regeneration GPU-hours",
+                    num(p.regen_gpu_hours),
+                    f"replica-hours x {s.gpus_per_replica:g} GPUs per replica",
+                )
+            )
         rows.append(("wall days", num(p.wall_days), f"on {s.num_replicas} replica(s)"))
-    if p.weight_bytes is not None and p.replica_hbm_bytes:
+    if p.weight_bytes is not None and p.replica_hbm_bytes and p.gpu_memory_gb is not None:
         rows.append(("replica memory", "", ""))
         rows.append(
             (
                 "weights",
                 f"{human_bytes(p.weight_bytes)} of {human_bytes(p.replica_hbm_bytes)} GPU memory",
-                f"{s.weight_bytes_per_param:g} B/param; {a.gpu_memory_gb:g} GB per GPU",
+                f"{s.weight_bytes_per_param:g} B/param; {p.gpu_memory_gb.value:g} GB per GPU "
+                f"({p.gpu_memory_gb.source})",
             )
         )
     rows.append(("draft training", "", ""))
@@ -174,10 +185,10 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
         assert p.train_flops is not None
         rows.append(
             (
-                "GPU-hours",
+                "draft GPU-hours",
                 f"{num(p.train_gpu_hours)} ({p.train_flops:.2e} FLOPs)",
-                f"{a.draft_layers}-layer draft at {a.train_gpu_tflops:g} TFLOPS x "
-                f"{a.train_mfu:g} MFU",
+                f"{a.draft_layers}-layer draft at {p.train_gpu_tflops.value:g} TFLOPS "
+                f"({p.train_gpu_tflops.source}) x {a.train_mfu:g} MFU",
             )
         )
     return rows
@@ -194,6 +205,16 @@ def capacity_table(report: Any) -> str:
                 lines.append(label)
                 continue
             lines.append(f"  {label:<{width}}{value:<{value_width}}  {note}".rstrip())
+        if report.assumptions:
+            from pipeline.plan.figures import HOW_TO_MEASURE
+
+            lines.append("assumptions (chosen, not measured; a measured figure comes from)")
+            key_width = max(len(key) for key, _ in report.assumptions) + 2
+            for key, figure in report.assumptions:
+                lines.append(
+                    f"  {key:<{key_width}}{figure.value:<12,g}{figure.source}: "
+                    f"{HOW_TO_MEASURE.get(key, 'a measurement of your own')}"
+                )
         if report.capacity.warnings:
             lines.append("warnings")
             lines += [f"  - {w}" for w in report.capacity.warnings]

@@ -1,4 +1,4 @@
-"""The regeneration stage (DESIGN.md §1.1): units -> replicas -> shards -> committed versions.
+"""The regeneration stage (docs/design.md#how-they-fit): units -> replicas -> shards -> committed versions.
 
 `config` (the job's YAML), `units` (deterministic work units), `provenance`
 (what produced the data), `unit` (one unit's conversations as a state

@@ -1,7 +1,7 @@
 """Typed config of a regeneration job: the target, the corpus, the replicas, Ray, the output.
 
-`PipelineConfig` is the whole YAML file of `dspark-targets regenerate` (and of
-`jobs.regenerate`); the target and corpus sections are the stages' own
+`PipelineConfig` is the whole YAML file of `dspark-targets regenerate`, `refresh`
+and `plan`; the target and corpus sections are the stages' own
 configs (`targets/config.py`, `corpus/config.py`).
 """
 

@@ -2,7 +2,7 @@
 
 Resources come from `ReplicaConfig`; a replica that spans many GPUs gets a
 placement group whose bundles can be pinned to one NVLink domain with a
-node-label selector (DESIGN.md §9). Placement rules, tested on a simulated
+node-label selector (docs/design.md#ray-kuberay-and-placement). Placement rules, tested on a simulated
 multi-node cluster in `tests/cluster/` (docs/cluster.md):
 
 * A replica's bundles all carry its domain's label selector, so they land on

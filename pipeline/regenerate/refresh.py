@@ -1,7 +1,7 @@
 """Incremental refresh: regenerate only what changed and publish the next dataset version.
 
-A refresh (`dspark-targets refresh --config C`, `jobs/refresh.py`, or a
-scheduled RayCronJob/CronJob running either) is the regeneration stage
+A refresh (`dspark-targets refresh --config C`, `python -m pipeline refresh` in a
+Ray job, or a scheduled RayCronJob/CronJob running it) is the regeneration stage
 planned against the dataset's latest version:
 
 1. take the dataset's writer lease (lease.py): a second refresh exits at once

@@ -11,7 +11,7 @@ Layout of a dataset root (local directory or s3://bucket/prefix):
     README.md                         the dataset card, rewritten at every commit (card.py)
     errors/<name>.jsonl               rows a run could not use, with the reason (no manifest names them)
 
-Protocol (the Delta/Iceberg/Lance pattern, DESIGN.md §5):
+Protocol (the Delta/Iceberg/Lance pattern, docs/design.md#storage-and-commit):
 
 1. Writers put shards create-only; a shard no manifest names does not exist for readers.
 2. A commit (commit.py) reads the parent version, checks the new shards at the

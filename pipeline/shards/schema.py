@@ -23,7 +23,7 @@ KEY_PROVENANCE = b"dspark.provenance"
 KEY_UNIT_ID = b"dspark.unit_id"
 KEY_CODEC = b"dspark.codec"
 
-# The layer convention of DESIGN.md §3: aux id k = residual stream after k decoder layers.
+# The layer convention (docs/design.md#the-layer-convention): aux id k = residual stream after k decoder layers.
 VLLM_AUX_CONVENTION = "vllm_aux: aux id k = residual stream after k decoder layers (0 = embeddings)"
 
 # Provenance fields that define what a training target *is*: shards that differ

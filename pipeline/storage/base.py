@@ -176,6 +176,8 @@ class RetryPolicy:
                 return fn()
             except Exception as err:
                 if attempt == self.num_attempts or not is_transient(err):
+                    # How many tries it took, for the one-line message the CLI prints.
+                    err.storage_attempts = attempt  # type: ignore[attr-defined]
                     raise
                 delay = random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
                 log.warning(

@@ -50,6 +50,11 @@ from pipeline.storage.base import (
 PART_BYTES = 16 << 20  # multipart part size (S3's minimum is 5 MiB except the last)
 
 
+# A connection to an S3 endpoint opens in milliseconds; past this, the try fails
+# and `RetryPolicy` tries again.
+CONNECT_TIMEOUT_S = 3.0
+
+
 class S3Storage:
     """A prefix in an S3 bucket, through s3fs (which brings botocore/aiobotocore)."""
 
@@ -73,7 +78,16 @@ class S3Storage:
         self.retry = retry or RetryPolicy()
         # Only the endpoint is ours to pass; keys stay with boto's own lookup.
         self._options = {"endpoint_url": self.endpoint_url} if self.endpoint_url else {}
-        self.fs = s3fs.S3FileSystem(**self._options, use_listings_cache=False)
+        # `self.retry` is the one retry loop: botocore tries each request once, and an
+        # endpoint that accepts no connection fails in seconds, not minutes.
+        self.fs = s3fs.S3FileSystem(
+            **self._options,
+            use_listings_cache=False,
+            config_kwargs={
+                "connect_timeout": CONNECT_TIMEOUT_S,
+                "retries": {"max_attempts": 1, "mode": "standard"},
+            },
+        )
 
     def __repr__(self) -> str:
         endpoint = strip_userinfo(self.endpoint_url) if self.endpoint_url else None

@@ -36,7 +36,7 @@ class TargetConfig(ConfigModel):
     # connector (one extra scheduled position per request per step).
     capture_method: Literal["aux_outputs", "extract_hidden_states"] = "aux_outputs"
     # Residual streams to capture, as aux ids (stream after k decoder layers;
-    # DESIGN.md §3). None: the DFlash spacing for the target's depth. The final
+    # docs/design.md#the-layer-convention). None: the DFlash spacing for the target's depth. The final
     # hidden state (after the final norm) is always captured as well.
     aux_layer_ids: list[int] | None = None
 

@@ -54,7 +54,8 @@ class TargetShape:
 
     num_layers: int  # L decoder layers
     hidden_size: int  # H
-    aux_layer_ids: tuple[int, ...]  # captured residual streams, ascending (DESIGN.md §3)
+    # Captured residual streams, ascending (docs/design.md#the-layer-convention).
+    aux_layer_ids: tuple[int, ...]
 
 
 def default_aux_layer_ids(num_layers: int, num_layers_captured: int = 5) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ from pipeline.train.drafts.spec import DraftSpec
 
 
 class DraftConfig(ConfigModel):
-    """The draft architecture (DESIGN.md §6). Unset sizes copy the target's."""
+    """The draft architecture (docs/design.md#the-draft-dspark). Unset sizes copy the target's."""
 
     # A kind of pipeline/train/drafts/registry.py. dspark: DFlash backbone +
     # Markov logit-bias head + confidence head. dflash: the same backbone
@@ -223,7 +223,7 @@ class OptimConfig(ConfigModel):
 
 
 class ExportConfig(ConfigModel):
-    """What to export after training (speculators format, DESIGN.md §10)."""
+    """What to export after training (speculators format, docs/design.md#serving-drafts-in-vllm)."""
 
     # Directory for the exported draft; None: <out_dir>/export.
     dir: str | None = None

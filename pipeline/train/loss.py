@@ -1,6 +1,6 @@
 """DSpark losses and training metrics: pure keyword-only functions over tensors.
 
-`0.1 CE + 0.9 L1 + 1.0 BCE(confidence, 1 - TV)` (DESIGN.md §6; the DSpark
+`0.1 CE + 0.9 L1 + 1.0 BCE(confidence, 1 - TV)` (docs/design.md#the-draft-dspark; the DSpark
 paper's Eq. 10 and its reference code: L1 = ||p_draft - p_target||_1 = 2 TV),
 each slot weighted by `exp(-(k-1)/gamma)` where k is the 1-based index of the
 token the slot drafts. The target distribution comes from the stored

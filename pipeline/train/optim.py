@@ -1,4 +1,4 @@
-"""The optimiser and learning-rate schedule of the trainer (DESIGN.md §6).
+"""The optimiser and learning-rate schedule of the trainer (docs/design.md#the-draft-dspark).
 
 AdamW over the draft's trainable parameters (the target's embeddings and
 lm_head are buffers, never optimised) and a linear warmup followed by a

@@ -494,7 +494,7 @@ class Trainer:
 
 
 def summary_lines(result: TrainResult) -> list[str]:
-    """A short human-readable report of a run (what `jobs.train` and the CLI print)."""
+    """A short human-readable report of a run (what `dspark-targets train` prints)."""
     lines = [f"trained {result.steps} steps -> {result.out_dir}"]
     if result.metrics:
         first, last = result.metrics[0], result.metrics[-1]

@@ -3,7 +3,7 @@
 `speculative_check` decodes the same prompts twice at temperature 0, without
 and with the draft, each in a fresh engine (a separate process: vLLM holds
 its engine and RAM until the process ends), with the same prompts submitted
-together so batching is the same (bf16 batch variance, DESIGN.md §10). It
+together so batching is the same (bf16 batch variance, docs/design.md#serving-drafts-in-vllm). It
 returns both outputs and vLLM's acceptance counters, read before and after
 generation (they are cumulative) from `LLM.get_metrics()`.
 

@@ -28,12 +28,12 @@ GB300 = [
     "raycronjob-refresh-gb300.yaml",
 ]
 RACK_CONFIG = ROOT / "jobs/configs/moe-2p8t-gb300.yaml"
-# The config loader each entrypoint module calls on --config.
+# The config loader each command calls on --config.
 LOADERS = {
-    "jobs.regenerate": ("pipeline.regenerate.config", "load_config"),
-    "jobs.refresh": ("pipeline.regenerate.config", "load_config"),
-    "jobs.train": ("pipeline.train.config", "load_train_config"),
-    "jobs.evaluate": ("pipeline.evaluate.config", "load_eval_config"),
+    "regenerate": ("pipeline.regenerate.config", "load_config"),
+    "refresh": ("pipeline.regenerate.config", "load_config"),
+    "train": ("pipeline.train.config", "load_train_config"),
+    "evaluate": ("pipeline.evaluate.config", "load_eval_config"),
 }
 CREDENTIAL = re.compile(r"(^|_)(SECRET|TOKEN|PASSWORD|ACCESS_KEY|CREDENTIALS?)(_|$)", re.I)
 
@@ -180,17 +180,18 @@ def test_jobs_resume_after_a_failure_and_clean_up():
 
 
 @pytest.mark.parametrize("name,job", job_specs(), ids=[f"{n}" for n, _ in job_specs()])
-def test_entrypoint_names_a_real_module_and_a_config_that_loads(name, job):
+def test_entrypoint_is_a_pipeline_command_that_parses_with_a_config_that_loads(name, job):
+    from pipeline.cli import cli
+
     argv = shlex.split(job["entrypoint"])
-    assert argv[:2] == ["python", "-m"], f"{name}: entrypoint {job['entrypoint']!r}"
-    module = argv[2]
-    # jobs.refresh is being built on another branch; this fails here until it is merged.
-    assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
-    assert callable(getattr(importlib.import_module(module), "main", None)), module
-    args = dict(zip(argv[3::2], argv[4::2], strict=True))
-    config = ROOT / args["--config"]
+    # One command surface: every job runs `python -m pipeline <command>`.
+    assert argv[:3] == ["python", "-m", "pipeline"], f"{name}: entrypoint {job['entrypoint']!r}"
+    command = cli.commands.get(argv[3])
+    assert command is not None, f"{name}: no command {argv[3]!r}"
+    ctx = command.make_context(argv[3], argv[4:])  # click's own parse: exits on a bad option
+    config = ROOT / ctx.params["config_path"]
     assert config.is_file(), f"{name}: {config} does not exist"
-    loader_module, loader = LOADERS[module]
+    loader_module, loader = LOADERS[argv[3]]
     getattr(importlib.import_module(loader_module), loader)(config)
 
 

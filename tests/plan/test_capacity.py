@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from pipeline.plan.capacity import RunShape, expected_nonempty, plan_capacity
-from pipeline.plan.figures import Figure, codec_ratio, encode_mbps_per_core, replica_tok_s
+from pipeline.plan.figures import (
+    CODEC_RATIO,
+    ENCODE_MBPS,
+    REPLICA_TOK_S,
+    Figure,
+    codec_ratio,
+    encode_mbps_per_core,
+    replica_tok_s,
+)
 from pipeline.plan.inputs import Assumptions, CorpusStats, TargetStats
 
 CORPUS = CorpusStats(num_conversations=1000, num_samples=2000, prompt_tokens=300, answer_tokens=100)
@@ -41,6 +49,8 @@ def plan(**kwargs):
         codec_ratio=Figure(0.5, "test"),
         encode_mbps=Figure(100.0, "test"),
         replica_tok_s=kwargs.pop("tok_s", Figure(1000.0, "test")),
+        gpu_memory_gb=kwargs.pop("memory", Figure(288.0, "test")),
+        train_gpu_tflops=Figure(1000.0, "test"),
     )
 
 
@@ -54,6 +64,7 @@ def test_storage_objects_rates_and_time_by_hand():
     assert p.num_shards == 10 and p.num_versions == 3  # ceil(10 / 4)
     # shards + sidecars, 3 roots + 3 delta segments + 1 merge, _latest + lease + card
     assert p.num_objects == 2 * 10 + 3 + (3 + 1) + 3
+    assert p.num_segments == 3 + 1
     # 1000 generated tok/s; 4 tokens captured per generated one (400 / 100).
     assert p.captured_tok_s == 4000
     assert p.raw_hidden_bytes_per_s == 4000 * 12_000  # 48 MB/s
@@ -61,7 +72,8 @@ def test_storage_objects_rates_and_time_by_hand():
     assert p.stored_bytes_per_s == 48e6 * 0.5 + 4000 * 5
     assert p.replica_hours == pytest.approx(2000 * 100 / 1000 / 3600)
     assert p.wall_days == pytest.approx(p.replica_hours / 2 / 24)
-    assert p.weight_bytes == 2e9 and p.replica_hbm_bytes == 8 * 288e9
+    assert p.regen_gpu_hours == pytest.approx(p.replica_hours * 8)  # 8 GPUs per replica
+    assert p.weight_bytes == 2e9 and p.replica_hbm_bytes == 8 * 288e9  # as given
     assert p.train_tokens == 800_000
     assert p.train_positions == 2000 * 100 * 8  # min(512 anchors, 100) x block 8
     assert p.warnings == []
@@ -87,14 +99,31 @@ def test_shards_are_the_buckets_a_corpus_fills():
     assert plan(shape=shape(num_units=5000)).num_shards == round(expected_nonempty(5000, 1000))
 
 
-def test_measured_figures_come_from_results_with_named_fallbacks():
-    results = {"P3_fp8_shard": 0.42, "regen_codec_encode_1t_MBps": 300.0, "regen_c_tok_s": 99.0}
-    assert codec_ratio("fp8", False, results) == Figure(0.42, "bench/results.json P3_fp8_shard")
-    assert encode_mbps_per_core("bf16", results).source.endswith("regen_codec_encode_1t_MBps")
-    assert replica_tok_s("toy:large", "vllm", results).value == 99.0
-    assert replica_tok_s("Qwen/Qwen3-8B", "vllm", results) is None  # no measured setup
-    fallback = codec_ratio("bf16", True, {})
-    assert fallback.value == 0.6738 and "lacks P3_toy_bf16" in fallback.source
+def test_default_figures_name_their_benchmark_and_date():
+    assert codec_ratio("fp8", False) == Figure(
+        0.4149, "measured by bench/storage.py, 2026-11-30: P3_fp8_shard"
+    )
+    assert "regen_codec_encode_1t_MBps_per_cpu_s" in encode_mbps_per_core("bf16").source
+    assert replica_tok_s("toy:large", "vllm").value == REPLICA_TOK_S[("toy:large", "vllm")].value
+    assert replica_tok_s("Qwen/Qwen3-8B", "vllm") is None  # no measured setup
+
+
+def test_default_figures_still_agree_with_the_benchmarks():
+    # The planner reads no file at run time; a rerun benchmark that moves a figure
+    # by more than a fifth is a default to update in pipeline/plan/figures.py.
+    import json
+    from pathlib import Path
+
+    results = json.loads((Path(__file__).parents[2] / "bench/results.json").read_text())
+    for measured in [*CODEC_RATIO.values(), *ENCODE_MBPS.values(), *REPLICA_TOK_S.values()]:
+        assert measured.key in results, measured
+        assert measured.value == pytest.approx(results[measured.key], rel=0.2), measured
+
+
+def test_gpu_memory_comes_from_the_configured_gpu():
+    p = plan(memory=Figure(80.0, "H100"))
+    assert p.replica_hbm_bytes == 8 * 80e9
+    assert plan(memory=None).replica_hbm_bytes is None  # no GPU named: no memory check
 
 
 @pytest.mark.parametrize("units", [2, 400])  # few units in flight; so many they would spill

@@ -65,4 +65,47 @@ def test_inline_stats_override_and_bad_keys_are_named():
     assert plan["corpus"]["answer_tokens"] == 4000 and plan["capacity"]["num_replicas"] == 8
     result = CliRunner().invoke(cli, [*args, "--target-stats", "hidden=7168"])
     assert result.exit_code == 1
-    assert "TargetStats" in result.output and "hidden: unknown key" in result.output
+    assert "--target-stats: unknown key 'hidden'; did you mean hidden_size?" in result.output
+
+
+def test_a_corpus_stats_typo_is_an_error_even_when_the_corpus_is_not_local():
+    result = CliRunner().invoke(
+        cli, ["plan", "--config", str(RACK_CONFIG), "--corpus-stats", "num_conversatons=3"]
+    )
+    assert result.exit_code == 1
+    assert "did you mean num_conversations?" in result.output
+
+
+def test_rack_plan_prints_regeneration_gpu_hours_and_labels_its_assumptions():
+    result = CliRunner().invoke(
+        cli,
+        ["plan", "--config", str(RACK_CONFIG), "--inputs", str(RACK_INPUTS), "--capacity-only"],
+    )
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split("  ")[1].strip(): line for line in result.output.splitlines() if "  " in line
+    }
+    # 1.5M samples x 2,000 answer tokens at 40,000 tok/s = 20.8 replica-hours, x 72 GPUs.
+    assert (
+        "1,500" in rows["regeneration GPU-hours"] and "x 72 GPUs" in rows["regeneration GPU-hours"]
+    )
+    # The replica throughput is the inputs file's assumption, and says so.
+    assert "ASSUMPTION, " + str(RACK_INPUTS) in rows["replicas"]
+    assumptions = result.output.split("assumptions (")[1]
+    for key in ("replica_tok_s", "train_mfu", "train_epochs"):
+        assert f"  {key} " in assumptions
+    assert "run `regenerate` on one replica" in assumptions  # where a measured one comes from
+    # The configured GPU, not an H100: GB300 memory and TFLOPS.
+    assert "288 GB per GPU (GB300, NVIDIA datasheet)" in rows["weights"]
+    assert "2500 TFLOPS (GB300 dense BF16" in rows["draft GPU-hours"]
+    assert "989" not in result.output
+
+
+def test_gpu_memory_follows_the_named_gpu_and_an_unknown_gpu_is_named():
+    args = ["plan", "--config", str(RACK_CONFIG), "--inputs", str(RACK_INPUTS), "--json"]
+    plan = json.loads(CliRunner().invoke(cli, [*args, "--assume", "gpu=H200"]).output)
+    assert plan["capacity"]["gpu_memory_gb"]["value"] == 141
+    # train_gpu stays the inputs file's GB300
+    assert plan["capacity"]["train_gpu_tflops"]["value"] == 2500
+    result = CliRunner().invoke(cli, [*args, "--assume", "gpu=A1000"])
+    assert result.exit_code == 1 and "unknown GPU 'A1000'" in result.output

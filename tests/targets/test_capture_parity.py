@@ -1,4 +1,4 @@
-"""Single-pass vLLM capture equals the Hugging Face forward pass (DESIGN.md §3, issue 4).
+"""Single-pass vLLM capture equals the Hugging Face forward pass (docs/design.md#the-layer-convention).
 
 Real CPU vLLM on the trained toy target, three engine starts in the whole file:
 a plain engine and a capture engine of each capture method (`aux_outputs`,

@@ -1,4 +1,4 @@
-"""The DSpark draft (DESIGN.md §6) and its DFlash baseline, in one readable file.
+"""The DSpark draft (docs/design.md#the-draft-dspark) and its DFlash baseline, in one readable file.
 
 DFlash has no module of its own: it is this model with `markov_rank == 0`
 and no confidence head (pipeline/train/drafts/registry.py says so).

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossWeights:
-    """Default weights of `ce CE + l1 L1 + bce BCE + kl KL` (DESIGN.md §6), L1 =
+    """Default weights of `ce CE + l1 L1 + bce BCE + kl KL` (docs/design.md#the-draft-dspark), L1 =
     ||p_draft - p_target||_1 as the DSpark paper (Eq. 10) and its reference code use it."""
 
     ce: float
@@ -104,7 +104,7 @@ def _ttt_weights(spec: DraftSpec, *, gamma: float, ttt_step_decay: float) -> tor
 KINDS: dict[str, DraftKind] = {
     kind.name: kind
     for kind in (
-        # DFlash backbone + Markov logit-bias head + confidence head (DESIGN.md §6).
+        # DFlash backbone + Markov logit-bias head + confidence head (docs/design.md#the-draft-dspark).
         DraftKind(
             name="dspark",
             model=_block_model,
