@@ -327,7 +327,7 @@ def plain_engine(config):
 
 @contextmanager
 def host_work_isolated(engine_core_cpus: str = "host"):
-    """The replica's CPU isolation for an engine started by this process (cpus.py): this
+    """The replica's CPU isolation for an engine started by this process (cpu_host.py): this
     thread moves off the model worker's cores while the block runs, the engine core
     beside it or onto the worker's cores.
     (c) gets it from its replica; (a) and (b) get it here, so the baselines are set up
@@ -338,7 +338,7 @@ def host_work_isolated(engine_core_cpus: str = "host"):
     Only vLLM's processes move (titled `VLLM::`): this process is also Ray's parent,
     and a Ray worker moved onto the host CPUs would later hold (c)'s replica, its
     engine then bound inside that one CPU (measured: (c) at half its speed)."""
-    from pipeline.regenerate.cpus import cmdline, descendants, isolate_host_work
+    from pipeline.regenerate.cpu_host import cmdline, descendants, isolate_host_work
 
     title = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     saved = os.sched_getaffinity(0)

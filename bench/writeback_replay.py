@@ -87,7 +87,7 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
     """
     import torch
 
-    from pipeline.regenerate.unit import SpooledSample
+    from pipeline.regenerate.unit_job import SpooledSample
     from pipeline.regenerate.writeback import ShardTarget, ShardWriteback
     from pipeline.shards.schema import Provenance
     from pipeline.targets.capture import CaptureChunk, SinkSpec, write_spool

@@ -317,7 +317,7 @@ class CaptureAssembler:
     Pieces are numpy views of the chunk's rows (`row_bits`: the same bytes as
     integers): a request gets one piece per engine step, ~75 per trained-toy
     sample, and slicing a numpy array costs a tenth of slicing a tensor.
-    `RowLayout.to_captured` and `join_parts` take them as they are.
+    `RowLayout.to_states` and `join_parts` take them as they are.
     """
 
     def __init__(self) -> None:

@@ -72,7 +72,7 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     assert summary.version is not None and summary.units_done == summary.units_total
     assert _committed_ids(config.output.uri) == _expected_ids(config)
     # vLLM's CPU worker binds its threads to a core of its own; the replica's
-    # host work runs on the others (pipeline/regenerate/cpus.py).
+    # host work runs on the others (pipeline/regenerate/cpu_host.py).
     allowed = sorted(os.sched_getaffinity(0))
     host = summary.replica_stats[0]["host_cpus"]
     if len(allowed) > 1:

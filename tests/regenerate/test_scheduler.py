@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.regenerate.scheduler import SchedulerLimits, UnitScheduler
-from pipeline.regenerate.units import WorkUnit
+from pipeline.regenerate.partition import WorkUnit
 
 pytestmark = pytest.mark.slow
 
