@@ -183,7 +183,7 @@ def run_shape(
         max_model_len=config.target.max_model_len,
         requests_in_flight=requests,
         units_in_flight=regen.max_units_in_flight(requests),
-        num_encode_workers=regen.num_encode_workers,
+        num_encode_workers=regen.writeback.num_encode_workers,
     )
 
 

@@ -78,7 +78,7 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     if len(allowed) > 1:
         assert host and set(host) < set(allowed), host
         # The engine core takes turns with the model worker on the worker's CPUs
-        # (`regenerate.engine_core_cpus: workers`, the default).
+        # (cpu_host.py: where it always goes).
         core = summary.replica_stats[0]["engine_core_cpus"]
         assert core and set(core) == set(allowed) - set(host), (core, host)
     # The shards were built and written by the replica's write-back process, whose CPU
