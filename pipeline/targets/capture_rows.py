@@ -82,9 +82,8 @@ class RowLayout:
         tiled = _tiled(parts, fed)
         if tiled is not None:
             # The common case (no preemption, no rewrite): the pieces cover 0..fed
-            # in order, so one concatenation replaces a copy per engine step. In
-            # numpy, on the rows' bits: ~75 pieces a sample, and numpy's per-call
-            # cost is a fraction of torch's.
+            # in order, so one concatenation replaces a copy per engine step, in
+            # numpy on the rows' bits (docs/capture.md, "Memory and writing").
             rows = np.concatenate([as_bits(p) for p in tiled])
             hidden_bits = np.empty((num_tokens, k * width), dtype=rows.dtype)
             hidden_bits[:fed].reshape(fed, k, width)[:] = rows[:, :k]
