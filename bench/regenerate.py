@@ -19,7 +19,7 @@ conversations, engine starts excluded from every rate (reported apart):
     returns), the replica's CPU isolation (the loop and the engine core off
     the model worker's cores; `host_work_isolated`), run twice on one engine
     each round, with vLLM's engine core on the host CPUs and on the model
-    worker's (`regenerate.engine_core_cpus`), the faster counting as (a);
+    worker's ((c)'s replica always puts it on the worker's), the faster counting as (a);
     no capture and nothing written; prefix caching off (measured on
     this workload: on, 7,279 and 7,356 tok/s; off, 8,013 and 7,683,
     alternating; hashing blocks costs more than the prefill it saves). Turn
@@ -259,12 +259,13 @@ def second_pass(capture, answers: dict, out_dir: Path) -> float:
     for cap in caps:
         prompt, answer = answers[cap.request_id]
         n = len(prompt) + len(answer)  # every token of prompt + answer was fed
+        states = cap.rows.states()  # built already (generate_and_capture)
         save_file(
             {
                 "input_ids": torch.tensor(prompt + answer, dtype=torch.int32),
                 "loss_mask": torch.tensor([0] * len(prompt) + [1] * len(answer), dtype=torch.uint8),
-                "hidden_states": cap.hidden_states[:n].contiguous(),
-                "last_hidden_state": cap.last_hidden_state[:n].contiguous(),
+                "hidden_states": states.hidden_states[:n].contiguous(),
+                "last_hidden_state": states.last_hidden_state[:n].contiguous(),
             },
             str(out_dir / f"{cap.request_id}.safetensors"),
         )
@@ -327,18 +328,18 @@ def plain_engine(config):
 
 @contextmanager
 def host_work_isolated(engine_core_cpus: str = "host"):
-    """The replica's CPU isolation for an engine started by this process (cpus.py): this
+    """The replica's CPU isolation for an engine started by this process (cpu_host.py): this
     thread moves off the model worker's cores while the block runs, the engine core
     beside it or onto the worker's cores.
     (c) gets it from its replica; (a) and (b) get it here, so the baselines are set up
     as well as the shipped stage (without it, (a) ran up to 1.3x slower here).
-    `engine_core_cpus` ("host" or "workers"): where the engine core goes, as the
-    config key of that name places (c)'s.
+    `engine_core_cpus` ("host" or "workers"): where the engine core goes ((c)'s
+    replica always puts it on the workers' CPUs; the baseline tries both).
 
     Only vLLM's processes move (titled `VLLM::`): this process is also Ray's parent,
     and a Ray worker moved onto the host CPUs would later hold (c)'s replica, its
     engine then bound inside that one CPU (measured: (c) at half its speed)."""
-    from pipeline.regenerate.cpus import cmdline, descendants, isolate_host_work
+    from pipeline.regenerate.cpu_host import cmdline, descendants, isolate_host_work
 
     title = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     saved = os.sched_getaffinity(0)
@@ -352,7 +353,7 @@ def host_work_isolated(engine_core_cpus: str = "host"):
         os.sched_setaffinity(0, saved)
 
 
-PLACEMENTS = ("host", "workers")  # where the engine core runs (regenerate.engine_core_cpus)
+PLACEMENTS = ("host", "workers")  # where (a)'s engine core runs (cpu_host.py places (c)'s)
 
 
 def run_a_b(
@@ -532,7 +533,7 @@ SHARES = {
         "CaptureAssembler",
         "SpoolRows",
     ),
-    "contract tensors + final norm": ("to_captured", "join_parts", "captured_sample"),
+    "contract tensors + final norm": ("to_states", "join_parts", "pending.py"),
     "encoding (codecs)": ("codecs.py",),
     "shard writing (Parquet, hash, storage)": ("shards/writer.py", "pyarrow", "storage/"),
     "target forward": ("qwen3.py", "qwen2.py", "model_executor/", "attention/backends"),
@@ -755,7 +756,7 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 "",
                 f"{name}: (a) with vLLM's engine core on the host CPU(s) "
                 f"{fmt(r['a_host_tok_s'])} tok/s, on the model worker's "
-                f"{fmt(r['a_workers_tok_s'])} tok/s (`regenerate.engine_core_cpus`); (a) is "
+                f"{fmt(r['a_workers_tok_s'])} tok/s ((c)'s is on the worker's); (a) is "
                 f"the faster of the two in each round ({', '.join(r['a_placement'])}).",
             ]
         if "a_admit_s" in r:

@@ -1,6 +1,6 @@
 """One regeneration setting at a time: (c) as shipped against (c) with that setting changed.
 
-    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,writeback_cpus,nice,inprocess,engine_core]
+    .venv/bin/python bench/regenerate_ab.py [--ab growth,writeback,inprocess]
         [--targets large,trained] [--rounds 4] [--conversations large=1000,trained=4000] [--no-write]
 
 Both runs of a pair are `run_regenerate` with the default config through a
@@ -12,20 +12,18 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
   a replica starts with, so its scheduler never gives a hungry replica
   another unit (scheduler.py);
 * writeback: the changed run encodes and writes in threads of the replica's
-  own process (`regenerate.writeback: threads`) instead of the lower-priority
-  write-back process (regenerate/writeback_process.py);
-* writeback_cpus: the changed run keeps the write-back process on the host
-  CPUs (those off the model workers' cores) instead of every CPU;
-* nice: the changed run leaves the replica actor at Ray's worker nice value
-  (15, below Ray's own daemons and the driver) instead of `replicas.nice` 0;
+  own process (`regenerate.writeback.mode: threads`) instead of the
+  lower-priority write-back process (regenerate/writeback_process.py);
 * inprocess: the changed run's replica holds vLLM's engine core and model
   worker in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` through the
   job's runtime_env; the spool transport works there too) instead of
   vLLM's separate, spin-waiting processes. An A/B that changes the job's
-  runtime_env restarts the local Ray before each run of both kinds alike;
-* engine_core: the changed run puts vLLM's engine-core process on the host
-  CPUs beside the feeder and the write-back (`engine_core_cpus: host`, the
-  default until stop 27) instead of the model workers' CPUs.
+  runtime_env restarts the local Ray before each run of both kinds alike.
+
+The A/Bs of settings that lost (the write-back process on every CPU, the
+engine core on the host CPUs) or that measured nothing either way (the
+replica at Ray's nice 15) went with their settings; their sections of
+bench/RESULTS.md stay as the record of why (docs/capture.md).
 
 Rounds alternate which run goes first (the default round count is even, so
 each run goes first equally often: this VM's order effect was larger than
@@ -67,27 +65,12 @@ AB = {
     "writeback": (
         "Write-back in a process or in the replica's threads",
         ("process", "threads"),
-        {"writeback": "threads"},
-    ),
-    "writeback_cpus": (
-        "The write-back process on every CPU or on the host CPUs only",
-        ("all", "host"),
-        {"writeback_cpus": "host"},
-    ),
-    "nice": (
-        "The replica at nice 0 or at Ray's worker default (15)",
-        ("nice0", "nice15"),
-        {"replicas.nice": 15},
+        {"writeback.mode": "threads"},
     ),
     "inprocess": (
         "vLLM's engine in the replica's process or in its own processes",
         ("mp", "inproc"),
         {"ray.runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}},
-    ),
-    "engine_core": (
-        "vLLM's engine core on the model workers' CPUs or on the host CPUs",
-        ("workers", "host"),
-        {"engine_core_cpus": "host"},
     ),
 }
 
@@ -96,12 +79,20 @@ def one_run(
     name: str, conversations: int, out: Path, changes: dict | None, *, restart: bool = False
 ) -> dict:
     cfg = bench_config(name, conversations, out)
-    for key, value in (changes or {}).items():
-        # "section.key" changes another config section; a bare key is `regenerate`'s
-        section, _, field = key.rpartition(".")
-        section = section or "regenerate"
-        part = getattr(cfg, section).model_copy(update={field: value})
-        cfg = cfg.model_copy(update={section: part})
+    if changes:
+        data = cfg.model_dump()
+        for key, value in changes.items():
+            # A dotted key from the top ("ray.runtime_env"); one not naming a top-level
+            # section is `regenerate`'s ("writeback.mode").
+            path = key.split(".")
+            if path[0] not in data:
+                path = ["regenerate", *path]
+            *parents, field = path
+            node = data
+            for part in parents:
+                node = node[part]
+            node[field] = value
+        cfg = type(cfg).model_validate(data)
     if restart:  # the job's runtime_env reaches the replica only through ray.init
         import ray
 
@@ -178,7 +169,8 @@ def record(ab: str, results: dict, args, load: float) -> None:
 
     fmt = fmt_spread
     changes = ", ".join(
-        f"`{k if '.' in k else 'regenerate.' + k}: {v}`" for k, v in settings.items()
+        f"`{k if k.split('.')[0] in ('ray', 'replicas', 'cpu_host') else 'regenerate.' + k}: {v}`"
+        for k, v in settings.items()
     )
     if START_COUNT in settings.values():
         changes += f" ({START_COUNT}: the count a replica starts with)"

@@ -87,11 +87,10 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
     """
     import torch
 
-    from pipeline.regenerate.unit import SpooledSample
-    from pipeline.regenerate.writeback import ShardTarget, ShardWriteback
+    from pipeline.regenerate.writeback import ShardTarget
     from pipeline.shards.schema import Provenance
     from pipeline.targets.capture import CaptureChunk, SinkSpec, write_spool
-    from pipeline.targets.capture_rows import CaptureContract, RowLayout, SpoolRows
+    from pipeline.targets.capture_rows import CaptureContract, RowLayout
 
     torch.set_num_threads(1)  # the write-back process runs on one host CPU
     prov = Provenance(
@@ -106,8 +105,7 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
         generation={"temperature": 0.0, "max_new_tokens": 256, "seed": 0},
     )
     layout = RowLayout(NUM_AUX, HIDDEN, "bfloat16", torch.ones(HIDDEN, dtype=torch.bfloat16), 1e-6)
-    rows = SpoolRows(CaptureContract(SinkSpec("spool", spool), layout))
-    writeback = ShardWriteback(rows=rows, threads=False)
+    writeback, add = _writeback(CaptureContract(SinkSpec("spool", spool), layout))
     target = ShardTarget(out, None, prov)
     num_units = -(-len(requests) // UNIT_SAMPLES)
     written: list = []
@@ -135,9 +133,7 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
         for r in finished:
             rid, prompt, output = requests[r]
             unit = f"u{r // UNIT_SAMPLES:05d}"
-            sample = SpooledSample(rid, "replay", "chat", prompt, output, "stop")
-            raw = sample.num_tokens * (NUM_AUX + 1) * HIDDEN * 2
-            writeback.add(unit, sample, provenance=prov, where=rid, source="replay", nbytes=raw)
+            add(unit, rid, prompt, output, prov)
             units[unit] = units.get(unit, 0) + 1
             if units[unit] == min(UNIT_SAMPLES, len(requests) - r // UNIT_SAMPLES * UNIT_SAMPLES):
                 writeback.finish(unit, target, [], done)
@@ -156,6 +152,47 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
         "spool_write_us_per_step": engine / len(plan_) * 1e6,
         "steps": len(plan_),
     }
+
+
+def _writeback(contract):
+    """The write-back as the process runs it (one thread), and how a finished request
+    reaches it: a `PendingSample` over `SpooledRows`; before that interface (an older
+    `--against` ref) a `SpooledSample` and the spool reader passed in."""
+    try:
+        from pipeline.regenerate.pending import PendingSample
+    except ImportError:
+        return _writeback_before_pending(contract)
+    from pipeline.regenerate.writeback import ShardWriteback, WritebackConfig
+    from pipeline.targets.base import Generation
+    from pipeline.targets.capture_rows import SpooledRows, open_spool
+
+    open_spool(contract)
+    writeback = ShardWriteback(WritebackConfig(mode="threads"), threads=False)
+    spool = contract.sink.capture_dir
+
+    def add(unit, rid, prompt, output, prov):
+        num_tokens = len(prompt) + len(output)
+        rows = SpooledRows(rid, num_tokens, spool, num_tokens * (NUM_AUX + 1) * HIDDEN * 2)
+        sample = PendingSample("replay", "chat", Generation(rid, prompt, output, "stop", rows))
+        writeback.add(unit, sample, provenance=prov, where=rid)
+
+    return writeback, add
+
+
+def _writeback_before_pending(contract):
+    from pipeline.regenerate.unit import SpooledSample
+
+    from pipeline.regenerate.writeback import ShardWriteback
+    from pipeline.targets.capture_rows import SpoolRows
+
+    writeback = ShardWriteback(rows=SpoolRows(contract), threads=False)
+
+    def add(unit, rid, prompt, output, prov):
+        sample = SpooledSample(rid, "replay", "chat", prompt, output, "stop")
+        raw = sample.num_tokens * (NUM_AUX + 1) * HIDDEN * 2
+        writeback.add(unit, sample, provenance=prov, where=rid, source="replay", nbytes=raw)
+
+    return writeback, add
 
 
 def child(args) -> None:

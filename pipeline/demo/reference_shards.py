@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.logs import kv
-from pipeline.threads import torch_threads
+from pipeline.torch_threads import torch_threads
 
 log = logging.getLogger(__name__)
 

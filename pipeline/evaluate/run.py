@@ -170,7 +170,7 @@ def _prompts(samples, num: int) -> list:
 
 def run_evaluation(config: EvalConfig) -> EvalResult:
     """Evaluate every draft of `config` (see the module docstring)."""
-    from pipeline.threads import torch_threads
+    from pipeline.torch_threads import torch_threads
 
     with torch_threads(config.num_threads):
         return _run_evaluation(config)

@@ -105,7 +105,8 @@ def capture_samples(
     for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
         if len(output) < 2:
             continue
-        cap = target.capture(Generation(f"vllm-{i}", list(prompt), list(output), "stop"))
+        gen = Generation(f"vllm-{i}", list(prompt), list(output), "stop")
+        states = target.capture(gen).rows.states()
         ids = torch.tensor(list(prompt) + list(output))
         samples.append(
             TrainingSample(
@@ -114,9 +115,9 @@ def capture_samples(
                 domain="all",
                 input_ids=ids,
                 loss_mask=torch.tensor([0] * len(prompt) + [1] * len(output), dtype=torch.bool),
-                hidden_states=cap.hidden_states,
-                last_hidden_state=cap.last_hidden_state,
-                finish_reason=cap.finish_reason,
+                hidden_states=states.hidden_states,
+                last_hidden_state=states.last_hidden_state,
+                finish_reason=gen.finish_reason,
                 num_prompt_tokens=len(prompt),
                 num_generated_tokens=len(output),
             )

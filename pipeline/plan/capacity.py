@@ -189,14 +189,14 @@ def plan_capacity(
         warnings.append(
             f"a unit's encoded rows (~{stored / shards / 1e9:.1f} GB) outgrow half of "
             f"max_capture_memory_mb={shape.max_capture_bytes >> 20} before its shard is written: "
-            "they wait in local spill files (regenerate.spill_dir), so give that disk room for "
+            "they wait in local spill files (regenerate.writeback.spill_dir), so give that disk room for "
             "the units in flight, or lower regenerate.conversations_per_unit"
         )
     if cores is not None and cores > shape.num_encode_workers:
         assert replica_tok_s is not None
         capped = replica_tok_s.value * shape.num_encode_workers / cores
         warnings.append(
-            f"encoding needs {cores:.1f} cores per replica but regenerate.num_encode_workers="
+            f"encoding needs {cores:.1f} cores per replica but regenerate.writeback.num_encode_workers="
             f"{shape.num_encode_workers}: the codec caps a replica at ~{capped:,.0f} generated "
             f"tok/s; set num_encode_workers to {math.ceil(cores * 1.25)} (and replicas.num_cpus)"
         )

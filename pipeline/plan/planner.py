@@ -207,7 +207,7 @@ def run_shape(
     num_replicas: int | None,
 ) -> RunShape:
     """What the regeneration config fixes for the plan."""
-    from pipeline.regenerate.units import num_buckets_for
+    from pipeline.regenerate.partition import num_buckets_for
     from pipeline.targets.resolve import default_aux_layer_ids
 
     rep, regen = config.replicas, config.regenerate
@@ -234,7 +234,7 @@ def run_shape(
         max_model_len=config.target.max_model_len,
         requests_in_flight=requests,
         units_in_flight=regen.max_units_in_flight(requests),
-        num_encode_workers=regen.num_encode_workers,
+        num_encode_workers=regen.writeback.num_encode_workers,
     )
 
 

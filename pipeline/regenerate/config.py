@@ -1,8 +1,10 @@
 """Typed config of a regeneration job: the target, the corpus, the replicas, Ray, the output.
 
 `PipelineConfig` is the whole YAML file of `dspark-targets regenerate`, `refresh`
-and `plan`; the target and corpus sections are the stages' own
-configs (`targets/config.py`, `corpus/config.py`).
+and `plan`; the target and corpus sections are the stages' own configs
+(`targets/config.py`, `corpus/config.py`), `regenerate.writeback` the
+write-back's (`writeback.py`) and `cpu_host` the CPU-engine tuning's
+(`cpu_host.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,39 @@ from pydantic import Field, model_validator
 
 from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
 from pipeline.corpus.config import CorpusConfig
+from pipeline.regenerate.cpu_host import CpuHostConfig
+from pipeline.regenerate.writeback import WritebackConfig
 from pipeline.targets.config import GenerationConfig, TargetConfig
+
+# Keys that moved or went, and where to look instead (an old config fails with this line).
+MOVED_KEYS = {
+    "regenerate": {
+        "batch_size": "batch_size was removed: replicas feed their engine continuously; "
+        "set max_requests_in_flight (or leave it unset for the engine's own concurrency)",
+        "num_encode_workers": "moved to regenerate.writeback.num_encode_workers",
+        "num_write_workers": "moved to regenerate.writeback.num_write_workers",
+        "spill_dir": "moved to regenerate.writeback.spill_dir",
+        "writeback_nice": "moved to regenerate.writeback.nice",
+        "gil_switch_interval_ms": "moved to cpu_host.gil_switch_interval_ms",
+        "isolate_engine_cpus": "moved to cpu_host.isolate_engine_cpus",
+        "engine_core_cpus": "was removed: vLLM's engine core always runs on the model "
+        "workers' CPUs (cpu_host.isolate_engine_cpus; bench/RESULTS.md, engine_core A/B)",
+        "writeback_cpus": "was removed: the write-back process always runs on the host "
+        "CPUs (cpu_host.isolate_engine_cpus; docs/capture.md)",
+    },
+    "replicas": {
+        "nice": "was removed: a replica always runs at nice 0, not Ray's worker default "
+        "15 (docs/capture.md, 'Priority')",
+    },
+}
+
+
+def _refuse_moved(section: str, data: Any) -> Any:
+    if isinstance(data, dict):
+        for key, why in MOVED_KEYS[section].items():
+            if key in data:
+                raise ValueError(why if why.startswith(key) else f"{section}.{key} {why}")
+    return data
 
 
 class PlacementConfig(ConfigModel):
@@ -48,14 +82,15 @@ class ReplicaConfig(ConfigModel):
     placement: PlacementConfig | None = None
     # Restarts of a dead replica actor before the run gives up on it.
     max_restarts: int = Field(3, ge=0)
-    # The replica actor's nice value; its engine's processes inherit it. Ray
-    # starts actors at nice 15 (RAY_worker_niceness), below its own daemons and
-    # the driver, which would put the run's critical path last on the host CPU.
-    nice: int = Field(0, ge=0, le=19)
     # How long a replica may take to be scheduled and load its engine before
     # the run stops with a named error (a replica that cannot get its
     # resources, or an engine stuck loading, never hangs the job silently).
     start_timeout_s: float = Field(1800.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        return _refuse_moved("replicas", data)
 
     @model_validator(mode="after")
     def _one_domain_per_replica(self) -> ReplicaConfig:
@@ -114,41 +149,10 @@ class RegenerateConfig(ConfigModel):
     # flight, reserved at prompt + answer budget; samples waiting to be encoded;
     # encoded rows of units not yet written). Admission waits below this bound.
     max_capture_memory_mb: int = Field(4096, gt=0)
-    # Local directory for encoded rows of unfinished units once half the bound
-    # above is used (a unit's shard is written when its last sample lands);
-    # None: the system's temp dir.
-    spill_dir: str | None = None
-    # Threads per replica that encode samples (codec) and write shards; the
-    # codecs release the GIL (docs/capture.md: encode MB/s per core).
-    num_encode_workers: int = Field(2, gt=0)
-    num_write_workers: int = Field(1, gt=0)
-    # Where those threads run: "process", a child of the replica that reads the
-    # engine's capture spool itself, at `writeback_nice` (added to the replica's
-    # nice value), so it holds no lock the engine loop wants and yields the CPU to
-    # the engine's processes; or "threads", in the replica's own process
-    # (docs/capture.md has the variants measured side by side).
-    writeback: Literal["process", "threads"] = "process"
-    writeback_nice: int = Field(5, ge=0, le=19)
-    # CPUs of the write-back process: "host", those the feeder runs on
-    # (isolate_engine_cpus), or "all" the replica was given, the model workers'
-    # too (measured slower: it delays their forward). Where nothing is isolated
-    # they are the same.
-    writeback_cpus: Literal["all", "host"] = "host"
-    # Python's GIL switch interval in the replica process (sys.setswitchinterval),
-    # in ms. The engine thread gives the GIL up around every engine call; with
-    # encode threads busy, Python's 5 ms default can keep it waiting that long
-    # each time. 0.5 measured +8% steady tok/s on the trained toy (docs/capture.md).
-    gil_switch_interval_ms: float = Field(0.5, gt=0)
-    # Move the replica's host work (feeder, write-back threads, the engine-core
-    # process) off the CPUs the engine's model workers bound their threads to
-    # (vLLM's CPU build binds them; a GPU engine binds none, and nothing moves).
-    isolate_engine_cpus: bool = True
-    # Where vLLM's engine-core process runs when the CPUs are isolated:
-    # "workers", on the model workers' CPUs (a CPU engine's core works only while
-    # its workers wait for it, and spins with sched_yield while they compute, so
-    # the two take turns there), or "host", beside the feeder and the write-back,
-    # whose work then delays every step (docs/capture.md has the A/B).
-    engine_core_cpus: Literal["host", "workers"] = "workers"
+    # Where and with how many workers shards are built, encoded and written
+    # (writeback.py); past half the bound above, encoded rows of unfinished units
+    # go to its spill_dir.
+    writeback: WritebackConfig = WritebackConfig()
     # Publish a version after this many finished units or seconds, and at the end.
     commit_every_units: int = Field(16, gt=0)
     commit_every_seconds: float = Field(300.0, gt=0)
@@ -165,13 +169,19 @@ class RegenerateConfig(ConfigModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _removed_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "batch_size" in data:
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("writeback"), str):
             raise ValueError(
-                "batch_size was removed: replicas feed their engine continuously; "
-                "set max_requests_in_flight (or leave it unset for the engine's own concurrency)"
+                f"regenerate.writeback is a section now: write `writeback: "
+                f"{{mode: {data['writeback']}}}`"
             )
-        return data
+        return _refuse_moved("regenerate", data)
+
+    @property
+    def spill_above_bytes(self) -> int:
+        """Encoded rows in memory past which the write-back spills: half the capture bound
+        (the rest of a unit waits on disk)."""
+        return (self.max_capture_memory_mb << 20) // 2
 
     def units_in_flight(self, max_requests_in_flight: int) -> int:
         """Units per replica: the configured number, else enough to fill the engine."""
@@ -200,6 +210,8 @@ class PipelineConfig(ConfigModel):
     ray: RayConfig = RayConfig()
     output: OutputConfig
     regenerate: RegenerateConfig = RegenerateConfig()
+    # Only for a CPU engine on a small host; a GPU config leaves it out (cpu_host.py).
+    cpu_host: CpuHostConfig = CpuHostConfig()
     # Free-form run name, used in logs, actor names and provenance.
     name: str = "dspark-targets"
 

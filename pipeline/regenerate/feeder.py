@@ -35,41 +35,30 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pipeline.logs import kv
-from pipeline.regenerate.unit import DeferredSample, SpooledSample, UnitJob, UnitResult, UnitSpec
-from pipeline.regenerate.units import WorkUnit
-from pipeline.regenerate.writeback import ShardTarget, ShardWriteback, UnitWritten
-from pipeline.targets.base import (
-    GenerationRequest,
-    RequestFailure,
-    SpooledCapture,
-    StreamingBackend,
+from pipeline.regenerate.partition import WorkUnit
+from pipeline.regenerate.unit_job import UnitJob, UnitResult, UnitSpec
+from pipeline.regenerate.writeback import (
+    ShardTarget,
+    UnitWritten,
+    Writeback,
+    WritebackConfig,
+    start_writeback,
 )
+from pipeline.targets.base import GenerationRequest, Result, StreamingBackend
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class FeedLimits:
+    """Admission: requests in the engine at once, and captured bytes held at once."""
+
     max_requests_in_flight: int
     max_capture_bytes: int
-    num_encode_workers: int = 2
-    num_write_workers: int = 1
-    # Encoded rows of unfinished units go to local spill files past this many
-    # bytes in memory (None: never); where (None: the system's temp dir).
-    spill_above_bytes: int | None = None
-    spill_dir: str | None = None
-    # Where the write-back runs: "process" (a child process at `writeback_nice`,
-    # which reads the engine's spool itself; writeback_process.py) or "threads"
-    # (threads of this process). `writeback_cpus`: the child's CPUs (None: ours).
-    writeback: str = "process"
-    writeback_nice: int = 5
-    writeback_cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_requests_in_flight < 1 or self.max_capture_bytes < 1:
             raise ValueError("max_requests_in_flight and max_capture_bytes must be positive")
-        if self.writeback not in ("process", "threads"):
-            raise ValueError(f"writeback must be 'process' or 'threads', not {self.writeback!r}")
 
 
 @dataclass
@@ -89,22 +78,6 @@ class FeedStats:
     last_step_at: float = 0.0  # time.monotonic() of the last completed engine step
 
 
-def start_writeback_process(limits: FeedLimits):
-    """The write-back process for a feeder with these limits (its engine's spool comes later)."""
-    from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackSettings
-
-    return ProcessWriteback(
-        WritebackSettings(
-            num_encode_workers=limits.num_encode_workers,
-            num_write_workers=limits.num_write_workers,
-            spill_above_bytes=limits.spill_above_bytes,
-            spill_dir=limits.spill_dir,
-            nice=limits.writeback_nice,
-            cpus=limits.writeback_cpus,
-        )
-    )
-
-
 class EngineFeeder:
     """Runs one backend for many units at once (see the module docstring)."""
 
@@ -115,14 +88,16 @@ class EngineFeeder:
         limits: FeedLimits,
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
-        writeback=None,
+        writeback: Writeback | None = None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.limits = limits
         self.on_fatal = on_fatal
-        self._rows_handed_off = False
-        self.writeback = self._start_writeback(limits, writeback)
+        # The owner may start it earlier (the replica: before its engine); default: a
+        # write-back process as `regenerate.writeback` ships. The feeder closes it.
+        self.writeback = writeback or start_writeback(WritebackConfig())
+        self.writeback.bind(backend, on_fatal=self._writeback_lost)
         self.stats = FeedStats()
         self._cond = threading.Condition()
         self._incoming: list[tuple[UnitJob, Future]] = []
@@ -138,23 +113,6 @@ class EngineFeeder:
         self._warned_bound = False
         self._thread = threading.Thread(target=self._run, name="engine-feeder", daemon=True)
         self._thread.start()
-
-    def _start_writeback(self, limits: FeedLimits, started=None):
-        """The write-back: threads here, or a child process that reads the engine's spool
-        (`started`: one the owner started already, see `start_writeback_process`)."""
-        if limits.writeback == "threads":
-            return ShardWriteback(
-                num_encode_workers=limits.num_encode_workers,
-                num_write_workers=limits.num_write_workers,
-                spill_above_bytes=limits.spill_above_bytes,
-                spill_dir=limits.spill_dir,
-            )
-        hand_off = getattr(self.backend, "hand_off_rows", None)
-        contract = hand_off() if hand_off is not None else None
-        self._rows_handed_off = contract is not None
-        writeback = started or start_writeback_process(limits)
-        writeback.attach(contract, on_fatal=self._writeback_lost)
-        return writeback
 
     def _writeback_lost(self, err: BaseException) -> None:
         """The write-back process died: no unit here can finish, as if the engine had."""
@@ -228,8 +186,6 @@ class EngineFeeder:
             self._cond.notify()
         self._thread.join(timeout=60)
         self.writeback.close()
-        if self._rows_handed_off:  # the backend may serve another feeder after this one
-            self.backend.hand_off_rows(False)
         err = RuntimeError("the feeder was closed before the unit finished")
         for future in list(self._futures.values()):
             if not future.done():
@@ -269,7 +225,7 @@ class EngineFeeder:
                 self.stats.admit_seconds += started - admitting
                 if not self.backend.num_unfinished():
                     continue
-                results = self.backend.poll(defer=True)
+                results = self.backend.poll()
                 polled = time.perf_counter()
                 self.stats.last_step_at = time.monotonic()
                 self.stats.steps += 1
@@ -331,27 +287,20 @@ class EngineFeeder:
     def _note_peak(self) -> None:
         self.stats.peak_capture_bytes = max(self.stats.peak_capture_bytes, self.capture_bytes)
 
-    def _on_result(self, result) -> None:
+    def _on_result(self, result: Result) -> None:
         job, cost = self._owner.pop(result.request_id)
         self._reserved -= cost
         sample, follow_ups = job.on_result(result)
-        sid = result.request_id
         if sample is not None:
-            # A deferred or spooled sample holds its rows until a worker builds the
-            # tensors: T x bytes per token; a built one, its tensors' bytes.
-            unbuilt = isinstance(sample, DeferredSample | SpooledSample)
+            sid = result.request_id
             self.writeback.add(
                 job.unit.unit_id,
                 sample,
                 provenance=job.spec.provenance,
                 where=job.locations.get(sid, sid),
-                source=job.sources.get(sid, ""),
-                nbytes=sample.num_tokens * self.backend.capture_bytes_per_token
-                if unbuilt
-                else None,
             )
-        elif self._rows_handed_off and isinstance(result, SpooledCapture | RequestFailure):
-            self.writeback.discard(sid)  # its rows in the spool become nobody's sample
+        elif result.rows is not None:
+            self.writeback.discard(result.rows)  # its rows become nobody's sample
         for request in follow_ups:
             self._push(job, request, -1)  # a next turn goes ahead of its unit's first turns
         if job.done:

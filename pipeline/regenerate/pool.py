@@ -33,9 +33,12 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.regenerate.config import RayConfig, RegenerateConfig, ReplicaConfig
+from pipeline.regenerate.cpu_host import CpuHostConfig
 from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)
+
+REPLICA_NICE = 0  # a replica's nice value (start_replicas)
 
 RAY_NAMESPACE = "dspark-targets"
 # While placement groups are pending, say which ones and why: first after
@@ -237,13 +240,15 @@ def start_replicas(
     name_prefix: str | None = None,
     *,
     actor_class: type | None = None,
+    cpu_host: CpuHostConfig | None = None,
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Start `num_replicas` replica actors; wait until each engine is loaded.
 
     Returns the actors and what each `ready()` reported (pid, engine start
     seconds, units to keep in flight). `actor_class` defaults to
-    `RegenerateReplica`; it is built as `actor_class(target, regenerate)` and
-    must have `ready()` (the placement tests use one without an engine).
+    `RegenerateReplica`; it is built as `actor_class(target, regenerate)` (plus
+    `cpu_host=` when given) and must have `ready()` (the placement tests use
+    one without an engine).
 
     Ray restarts a dead actor up to `max_restarts` times (its engine reloads in
     `__init__`); calls in flight on it fail, and the caller decides what to retry.
@@ -271,8 +276,11 @@ def start_replicas(
                 "num_gpus": replicas.num_gpus,
                 "max_restarts": replicas.max_restarts,
                 "max_task_retries": 0,
-                # Merged per variable with the job's runtime_env by Ray.
-                "runtime_env": {"env_vars": {"RAY_worker_niceness": str(replicas.nice)}},
+                # Ray starts actors at nice 15, below its own daemons and the driver,
+                # which would put the run's critical path last on the host's CPUs; the
+                # replica (and its engine) runs at the driver's 0 instead (docs/capture.md,
+                # "Priority"). Merged per variable with the job's runtime_env by Ray.
+                "runtime_env": {"env_vars": {"RAY_worker_niceness": str(REPLICA_NICE)}},
             }
             if name_prefix:
                 options["name"] = f"{name_prefix}-{index}"
@@ -285,7 +293,8 @@ def start_replicas(
                         pgs[index], placement_group_bundle_index=0
                     ),
                 )
-            actor = remote_class.options(**options).remote(target, regenerate)
+            extra = {"cpu_host": cpu_host} if cpu_host is not None else {}
+            actor = remote_class.options(**options).remote(target, regenerate, **extra)
             actors.append(actor)
             if pgs:
                 _PLACEMENT_GROUPS[actor] = pgs[index]

@@ -11,7 +11,7 @@ planned against the dataset's latest version:
    version's lineage, say so in one line and start a new lineage (everything
    is regenerated; the old versions stay readable);
 3. diff the snapshot against the version's live samples by sample id and input
-   hash (`units.diff_corpus`): new and changed samples are regenerated, samples
+   hash (`partition.diff_corpus`): new and changed samples are regenerated, samples
    no longer in the corpus are tombstoned;
 4. run the same units, replicas and sink as `regenerate`; each commit drops the
    old rows of the samples its shards replace, the first one also carries the

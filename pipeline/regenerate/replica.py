@@ -1,7 +1,7 @@
 """The replica actor: one target replica, fed continuously, writing its units' shards.
 
 The actor is a thin wrapper (STYLE.md) around a capturing backend and the
-`EngineFeeder`; all logic lives there and in `unit.py`, so it is testable
+`EngineFeeder`; all logic lives there and in `unit_job.py`, so it is testable
 without Ray. `pool.py` starts, places and stops these actors.
 """
 
@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from typing import Any
 
 from pipeline.regenerate.config import RegenerateConfig
-from pipeline.regenerate.cpus import cpu_by_role, engine_core_cpus, isolate_host_work
-from pipeline.regenerate.feeder import EngineFeeder, FeedLimits, start_writeback_process
-from pipeline.regenerate.unit import UnitResult, UnitSpec
-from pipeline.regenerate.units import WorkUnit
+from pipeline.regenerate.cpu_host import (
+    CpuHostConfig,
+    cpu_by_role,
+    engine_core_cpus,
+    place_host_work,
+    tune_process,
+)
+from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.partition import WorkUnit
+from pipeline.regenerate.unit_job import UnitResult, UnitSpec
+from pipeline.regenerate.writeback import start_writeback
 from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)
@@ -32,7 +38,12 @@ class RegenerateReplica:
     the actor with a fresh engine and the driver retries its units.
     """
 
-    def __init__(self, target: TargetConfig, regenerate: RegenerateConfig) -> None:
+    def __init__(
+        self,
+        target: TargetConfig,
+        regenerate: RegenerateConfig,
+        cpu_host: CpuHostConfig | None = None,
+    ) -> None:
         from transformers import AutoTokenizer
 
         from pipeline.logs import quiet_engine_output, setup_logging
@@ -41,29 +52,18 @@ class RegenerateReplica:
 
         setup_logging()
         quiet_engine_output()
-        sys.setswitchinterval(regenerate.gil_switch_interval_ms / 1000)  # see the config key
-        # The write-back process starts first, so its imports overlap the engine's start.
-        # Its CPUs: every CPU this replica was given ("all": at a lower priority it takes
-        # only what the engine leaves), or the host CPUs it is moved to below ("host").
-        all_cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        writeback = None
-        if regenerate.writeback == "process":
-            every = regenerate.writeback_cpus == "all"
-            writeback = start_writeback_process(
-                feed_limits(regenerate, 1, writeback_cpus=all_cpus if every else None)
-            )
+        cpu_host = cpu_host or CpuHostConfig()
+        tune_process(cpu_host)
+        # The write-back starts first, so a process's imports overlap the engine's start.
+        writeback = start_writeback(
+            regenerate.writeback, spill_above_bytes=regenerate.spill_above_bytes
+        )
         started = time.monotonic()
         self.backend = load_target(target, capture=True)
         self.start_seconds = time.monotonic() - started
-        # Before the feeder exists: its thread and pools inherit this thread's CPUs; a
-        # "host" write-back process moves there too, the engine core there or onto the
-        # workers' CPUs (`engine_core_cpus`).
-        keep = {writeback.pid} if writeback is not None and every else set()
-        self.host_cpus = (
-            isolate_host_work(keep, engine_core_on_workers=regenerate.engine_core_cpus == "workers")
-            if regenerate.isolate_engine_cpus
-            else None
-        )
+        # Before the feeder exists: its thread and pools inherit this thread's CPUs, and
+        # the write-back process moves with them.
+        self.host_cpus = place_host_work(cpu_host)
         self.engine_core_cpus = engine_core_cpus()  # read once: stats() is polled
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(target.model), revision=target.revision
@@ -71,6 +71,7 @@ class RegenerateReplica:
         self.limits = feed_limits(regenerate, self.backend.max_concurrency)
         self.units_wanted = regenerate.units_in_flight(self.limits.max_requests_in_flight)
         self.max_units = regenerate.max_units_in_flight(self.limits.max_requests_in_flight)
+        self.writeback_mode = regenerate.writeback.mode
         self.feeder = EngineFeeder(
             self.backend, tokenizer, self.limits, on_fatal=_exit_process, writeback=writeback
         )
@@ -101,14 +102,14 @@ class RegenerateReplica:
 
     def stats(self) -> dict[str, Any]:
         """The feeder's counters (steps, peak captured bytes, ...) and the write-back's."""
-        wb = self.feeder.writeback
+        wb = self.feeder.writeback.stats()
         return {
             **self.feeder.stats.__dict__,
             **self.feeder.health(),
             "encode_seconds": wb.encode_seconds,
             "encoded_bytes": wb.encoded_bytes,
             "spilled_bytes": wb.spilled_bytes,
-            "writeback": self.limits.writeback,
+            "writeback": self.writeback_mode,
             # CPU seconds of this replica's processes since ready(): where the host went.
             "cpu_seconds": {
                 k: round(v - self._cpu_at_ready.get(k, 0.0), 2) for k, v in self._cpu().items()
@@ -122,7 +123,7 @@ class RegenerateReplica:
         }
 
     def _cpu(self) -> dict[str, float]:
-        return cpu_by_role(getattr(self.feeder.writeback, "pid", None))
+        return cpu_by_role(self.feeder.writeback.stats().pid)
 
     def close(self) -> None:
         """Stop the feeder and the engine, remove the capture spool (ray.kill runs no finalizer)."""
@@ -130,25 +131,12 @@ class RegenerateReplica:
         self.backend.close()
 
 
-def feed_limits(
-    regenerate: RegenerateConfig,
-    engine_concurrency: int,
-    *,
-    writeback_cpus: frozenset[int] | None = None,
-) -> FeedLimits:
-    """The feeder's limits under a regeneration config, for an engine that runs
+def feed_limits(regenerate: RegenerateConfig, engine_concurrency: int) -> FeedLimits:
+    """The feeder's admission limits under a regeneration config, for an engine that runs
     `engine_concurrency` requests at once (vLLM's max_num_seqs)."""
     return FeedLimits(
         max_requests_in_flight=regenerate.requests_in_flight(engine_concurrency),
         max_capture_bytes=regenerate.max_capture_memory_mb << 20,
-        num_encode_workers=regenerate.num_encode_workers,
-        num_write_workers=regenerate.num_write_workers,
-        # Half the bound for encoded rows in memory; the rest of a unit waits on disk.
-        spill_above_bytes=(regenerate.max_capture_memory_mb << 20) // 2,
-        spill_dir=regenerate.spill_dir,
-        writeback=regenerate.writeback,
-        writeback_nice=regenerate.writeback_nice,
-        writeback_cpus=writeback_cpus,
     )
 
 

@@ -1,7 +1,7 @@
 """The regeneration stage: corpus -> work units -> replicas -> shards -> committed versions.
 
 `_start` takes the dataset's writer lease and plans against its latest
-version (regenerate/planning.py): units hold only the samples no version has
+version (regenerate/worklist.py): units hold only the samples no version has
 yet, so a rerun has nothing to do and a grown corpus adds units of new
 conversations only. The driver feeds the units to a pool of replica
 actors, as many units each as it asks for to keep its engine full
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError
 from pipeline.logs import kv
 from pipeline.regenerate.config import PipelineConfig
+from pipeline.regenerate.partition import WorkUnit, unit_inputs
 from pipeline.regenerate.scheduler import SchedulerLimits, UnitScheduler
 from pipeline.regenerate.summary import Progress, RunSummary
-from pipeline.regenerate.unit import UnitResult, UnitSpec
-from pipeline.regenerate.units import WorkUnit, unit_inputs
+from pipeline.regenerate.unit_job import UnitResult, UnitSpec
 
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
@@ -65,10 +65,10 @@ def _start(
 ) -> tuple[RunPlan, DatasetSink, RunSummary, list[WorkUnit]]:
     """Take the writer lease, plan against the latest version, open the sink; the units to do.
 
-    Planning is per sample (regenerate/planning.py): units hold only samples no
+    Planning is per sample (regenerate/worklist.py): units hold only samples no
     version has yet (`refresh`: also changed ones; removed ones are tombstoned).
     """
-    from pipeline.regenerate.planning import plan_against
+    from pipeline.regenerate.worklist import plan_against
     from pipeline.shards.lease import WriteSession
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.sink import DatasetSink
@@ -145,6 +145,7 @@ def run_local(
 
     from pipeline.regenerate.feeder import EngineFeeder
     from pipeline.regenerate.replica import feed_limits
+    from pipeline.regenerate.writeback import start_writeback
     from pipeline.targets.loader import load_target
     from pipeline.targets.resolve import resolve_model
 
@@ -157,10 +158,16 @@ def run_local(
         tokenizer = AutoTokenizer.from_pretrained(
             resolve_model(config.target.model), revision=config.target.revision
         )
+        regen = config.regenerate
+        writeback = start_writeback(regen.writeback, spill_above_bytes=regen.spill_above_bytes)
         feeder = EngineFeeder(
-            backend, tokenizer, feed_limits(config.regenerate, backend.max_concurrency)
+            backend,
+            tokenizer,
+            feed_limits(regen, backend.max_concurrency),
+            writeback=writeback,
         )
-        progress = Progress(sum(u.num_answers for u in todo), show_progress)
+        planned = planned_samples(todo, regen.turns)
+        progress = Progress(sum(planned.values()), show_progress)
         steady = time.monotonic()
         try:
             futures = {feeder.submit_unit(unit, spec): unit for unit in todo}
@@ -169,7 +176,7 @@ def run_local(
                 unit = futures[future]
                 sink.on_unit_written(result.shard, unit_inputs(unit, config.regenerate.turns))
                 summary.add(result)
-                progress.update(futures[future].num_answers, result)
+                progress.update(planned[unit.unit_id], result)
         except BaseException as err:
             sink.on_write_failed(err)
             raise
@@ -211,7 +218,11 @@ def run_regenerate(
         init_ray(config.ray)
         engines = time.monotonic()
         actors, ready = start_replicas(
-            config.target, config.replicas, config.regenerate, replica_name_prefix(config)
+            config.target,
+            config.replicas,
+            config.regenerate,
+            replica_name_prefix(config),
+            cpu_host=config.cpu_host,
         )
     except BaseException as err:
         sink.on_write_failed(err)
@@ -227,7 +238,8 @@ def run_regenerate(
         ),
     )
     # Rates count from here: every engine is up.
-    progress = Progress(sum(u.num_answers for u in todo), show_progress)
+    planned = planned_samples(todo, config.regenerate.turns)
+    progress = Progress(sum(planned.values()), show_progress)
     steady = time.monotonic()
     regen = config.regenerate
     scheduler = UnitScheduler(
@@ -247,7 +259,7 @@ def run_regenerate(
     def on_done(unit: WorkUnit, result: UnitResult) -> None:
         sink.on_unit_written(result.shard, unit_inputs(unit, config.regenerate.turns))
         summary.add(result)
-        progress.update(unit.num_answers, result)
+        progress.update(planned[unit.unit_id], result)
 
     try:
         report = scheduler.run(todo, on_done)
@@ -276,6 +288,12 @@ def run_regenerate(
             f"(version {summary.version}); rerun to retry the rest"
         )
     return summary
+
+
+def planned_samples(units: list[WorkUnit], turns: str) -> dict[str, int]:
+    """Unit id -> the answers it will regenerate under `turns` (the progress bar's units):
+    planning already left out the conversations no version lacks."""
+    return {u.unit_id: len(unit_inputs(u, turns)) for u in units}
 
 
 def _replica_stats(actors: list[Any]) -> list[dict[str, Any]]:

@@ -1,23 +1,24 @@
-"""Shard writing off the engine's path: encode samples in workers, write each unit when complete.
+"""Shard writing off the engine's path: the `Writeback` interface and its in-process implementation.
 
 Samples arrive as requests finish, in any order and from many units at once.
-Each is built (tensors from the capture's rows) and encoded (codec,
-validation) in an encode worker as it arrives; a unit's encoded rows wait here
-until its last sample is in, then a write worker puts the shard (Parquet,
-sha256, upload) in sample-id order, writes the unit's error records, and
-reports what it wrote. The engine never waits for any of it.
+Each is built (tensors from its captured rows, `PendingSample.build`) and
+encoded (codec, validation) in an encode worker as it arrives; a unit's
+encoded rows wait here until its last sample is in, then a write worker puts
+the shard (Parquet, sha256, upload) in sample-id order, writes the unit's
+error records, and reports what it wrote. The engine never waits for any of it.
 
-`ShardWriteback` runs in the process that holds it, with threads: the codecs
-spend their time in zstd and numpy, both of which release the GIL
-(docs/capture.md has the measured encode MB/s per core). The replica hosts
-it in a separate, lower-priority process (`writeback_process.py`), so none
-of this work holds the engine thread's GIL or takes a CPU the engine wants.
-There it reads the engine's spool itself (`SpooledSample`, `SpoolRows`) and
-keeps its counters in shared memory (`Ledger`).
+Two implementations of `Writeback`, chosen by `regenerate.writeback.mode`
+(`WritebackConfig`, this module, is the section both read):
+`ShardWriteback` (here) runs in the process that holds it, with threads:
+the codecs spend their time in zstd and numpy, which release the GIL. The
+replica runs it in a separate, lower-priority process by default
+(`writeback_process.py`), which reads the engine's spool itself, so none of
+this work holds the engine thread's GIL or takes a CPU the engine wants
+(docs/capture.md, "Memory and writing").
 
 `nbytes` is what is held for samples handed over and whose shard is not
-written yet (raw tensors queued for encoding, then encoded rows); the feeder
-adds it to its own in-flight reservations to bound captured memory.
+written yet (rows queued for building, then encoded rows); the feeder adds
+it to its own in-flight reservations to bound captured memory.
 """
 
 from __future__ import annotations
@@ -28,17 +29,20 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from pydantic import Field
+
+from pipeline.config import ConfigModel
 from pipeline.logs import kv
 from pipeline.regenerate.spill import SpillFile
 
 if TYPE_CHECKING:
     from pipeline.corpus.records import RowError
-    from pipeline.regenerate.unit import DeferredSample, SpooledSample
+    from pipeline.regenerate.pending import PendingSample
     from pipeline.shards.schema import Provenance
-    from pipeline.shards.writer import Sample, ShardInfo
-    from pipeline.targets.capture_rows import SpoolRows
+    from pipeline.shards.writer import ShardInfo
+    from pipeline.targets.base import CapturedRows, StreamingBackend
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,99 @@ class UnitWritten:
 
 
 Done = Callable[[UnitWritten | None, BaseException | None], None]
+
+
+class WritebackConfig(ConfigModel):
+    """`regenerate.writeback`: where and with how many workers a replica builds, encodes
+    and writes its shards."""
+
+    # "process": a child of the replica at `nice` above it, which reads the engine's
+    # capture spool itself (writeback_process.py); "threads": in the replica's own
+    # process. The process measured faster on a CPU host (bench/RESULTS.md,
+    # `regenerate_ab.py --ab writeback`).
+    mode: Literal["process", "threads"] = "process"
+    # Encode threads (codec; capped at the process's CPUs) and shard-write threads.
+    num_encode_workers: int = Field(2, gt=0)
+    num_write_workers: int = Field(1, gt=0)
+    # Local directory for encoded rows of unfinished units once half the capture
+    # bound is used (a unit's shard is written when its last sample lands);
+    # None: the system's temp dir.
+    spill_dir: str | None = None
+    # The write-back process's nice value above the replica's (mode "process").
+    nice: int = Field(5, ge=0, le=19)
+
+
+@dataclass(frozen=True)
+class WritebackStats:
+    """A write-back's counters, for the replica's stats and the tests."""
+
+    nbytes: int  # held now: rows queued for building + encoded rows in memory
+    peak_nbytes: int
+    encode_seconds: float  # summed over workers
+    encoded_bytes: int  # raw tensor bytes encoded
+    spilled_bytes: int  # encoded bytes that went to spill files
+    pid: int | None  # the write-back's own process, if it has one
+
+
+class Writeback(Protocol):
+    """Builds, encodes and writes the shards of one replica's units, off the engine's thread.
+
+    Called from the feeder's engine thread: `add` and `discard` per finished
+    request, `flush` once per engine step, `finish` once per unit; `nbytes` on
+    every admission. None of them waits for the work.
+    """
+
+    @property
+    def nbytes(self) -> int:
+        """Captured bytes held for samples whose shard is not written yet."""
+        ...
+
+    def bind(
+        self,
+        backend: StreamingBackend | None,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Start serving `backend`'s rows (once, before the first `add`); `on_fatal`: the
+        write-back itself broke, so no unit here can finish."""
+        ...
+
+    def add(
+        self, unit_id: str, sample: PendingSample, *, provenance: Provenance, where: str
+    ) -> None:
+        """Queue one sample of `unit_id` for building and encoding; `where` names it in
+        its error record if it cannot be built."""
+        ...
+
+    def discard(self, rows: CapturedRows) -> None:
+        """Rows of a finished request that becomes no sample: drop them where they are held."""
+        ...
+
+    def flush(self) -> None:
+        """The end of an engine step's results (a process write-back sends them now)."""
+        ...
+
+    def finish(
+        self, unit_id: str, target: ShardTarget, errors: Sequence[RowError], done: Done
+    ) -> None:
+        """Write `unit_id`'s shard once its rows are encoded, with `errors` (and its rows'
+        own) as its error records; then `done(written, error)`."""
+        ...
+
+    def stats(self) -> WritebackStats: ...
+
+    def close(self) -> None: ...
+
+
+def start_writeback(config: WritebackConfig, *, spill_above_bytes: int | None = None) -> Writeback:
+    """The write-back `config` names, started (a process starts its child now, so its
+    imports overlap the engine's start; `bind` gives it the engine later)."""
+    if config.mode == "threads":
+        return ShardWriteback(config, spill_above_bytes=spill_above_bytes)
+    from pipeline.regenerate.writeback_process import ProcessWriteback
+
+    return ProcessWriteback(config, spill_above_bytes=spill_above_bytes)
+
 
 LEDGER_FIELDS = (
     "nbytes",  # held now: raw rows queued for encoding + encoded rows in memory
@@ -117,59 +214,57 @@ class _Spilled:
         self.sample_id = sample_id
 
 
-def sample_nbytes(sample: Sample) -> int:
-    """Bytes of a sample's captured tensors (what it holds until encoded)."""
-    return sum(
-        t.numel() * t.element_size() for t in (sample.hidden_states, sample.last_hidden_state)
-    )
-
-
 class ShardWriteback:
-    """Background building, encoding and shard writing for the units of one replica.
+    """A `Writeback` in this process: encode threads and write threads.
 
-    `rows`: the engine's spool, for `SpooledSample`s (their rows are taken
-    on the calling thread, so call `add` and `discard` from one thread).
     `threads=False`: encode on the calling thread instead (a process with
     one CPU gains nothing from handing encoding to threads, and pays their
     switches); writes keep their threads, which mostly wait on storage.
+    `ledger`: where the counters live (shared memory, in the write-back process).
     """
 
     def __init__(
         self,
+        config: WritebackConfig | None = None,
         *,
-        num_encode_workers: int = 2,
-        num_write_workers: int = 1,
         spill_above_bytes: int | None = None,
-        spill_dir: str | None = None,
-        rows: SpoolRows | None = None,
         ledger: Ledger | None = None,
         threads: bool = True,
     ) -> None:
-        if num_encode_workers < 1 or num_write_workers < 1:
-            raise ValueError("num_encode_workers and num_write_workers must be >= 1")
+        config = config or WritebackConfig(mode="threads")
         # Past this many encoded bytes in memory, new rows of unfinished units go
         # to their unit's spill file on local disk (spill.py); None: never.
         self.spill_above_bytes = spill_above_bytes
-        self.spill_dir = spill_dir
-        self.rows = rows
+        self.spill_dir = config.spill_dir
         self.ledger = ledger or Ledger()
         self._spills: dict[str, SpillFile] = {}
         self._encode = (
-            ThreadPoolExecutor(num_encode_workers, thread_name_prefix="encode")
+            ThreadPoolExecutor(config.num_encode_workers, thread_name_prefix="encode")
             if threads
             else _Inline()
         )
-        self._write = ThreadPoolExecutor(num_write_workers, thread_name_prefix="write")
+        self._write = ThreadPoolExecutor(config.num_write_workers, thread_name_prefix="write")
         # unit id -> (sample id, its encoded row or error record)
         self._rows: dict[str, list[tuple[str, Future]]] = {}
         self._lock = threading.Lock()
 
-    # Counters, read by the feeder, the replica's stats and the tests.
-    nbytes = property(lambda self: int(self.ledger["nbytes"]))
-    peak_nbytes = property(lambda self: int(self.ledger["peak_nbytes"]))
-    encode_seconds = property(lambda self: self.ledger["encode_seconds"])
-    encoded_bytes = property(lambda self: int(self.ledger["encoded_bytes"]))
-    spilled_bytes = property(lambda self: int(self.ledger["spilled_bytes"]))
+    @property
+    def nbytes(self) -> int:
+        return int(self.ledger["nbytes"])
+
+    def stats(self) -> WritebackStats:
+        ledger = self.ledger
+        return WritebackStats(
+            nbytes=int(ledger["nbytes"]),
+            peak_nbytes=int(ledger["peak_nbytes"]),
+            encode_seconds=ledger["encode_seconds"],
+            encoded_bytes=int(ledger["encoded_bytes"]),
+            spilled_bytes=int(ledger["spilled_bytes"]),
+            pid=None,
+        )
+
+    def bind(self, backend=None, *, on_fatal=None) -> None:
+        """Nothing to do: rows come in memory, and the threads fail per unit, not all at once."""
 
     def _account(self, delta: int) -> None:
         with self._lock:
@@ -177,69 +272,35 @@ class ShardWriteback:
             self.ledger.raise_to("peak_nbytes", self.ledger["nbytes"])
 
     def add(
-        self,
-        unit_id: str,
-        sample: Sample | DeferredSample | SpooledSample,
-        *,
-        provenance: Provenance,
-        where: str,
-        source: str,
-        nbytes: int | None = None,
+        self, unit_id: str, sample: PendingSample, *, provenance: Provenance, where: str
     ) -> None:
-        """Queue one sample of `unit_id` for building (unless built) and encoding.
-
-        `nbytes`: what a deferred or spooled sample holds until built (its
-        captured rows); `where`/`source` name it in an error record.
-        """
-        from pipeline.regenerate.unit import SpooledSample
-
-        raw = sample_nbytes(sample) if nbytes is None else nbytes
-        parts = None
-        if isinstance(sample, SpooledSample):
-            if self.rows is None:
-                raise TypeError("a spooled sample needs the write-back's spool rows")
-            parts = self.rows.take(sample.sample_id, sample.num_tokens - 1)
+        raw = sample.nbytes
         self._account(raw)
         with self._lock:
             self.ledger.add("received_bytes", raw)
-        future = self._encode.submit(
-            self._encode_one, unit_id, sample, parts, provenance, where, source, raw
-        )
+        future = self._encode.submit(self._encode_one, unit_id, sample, provenance, where, raw)
         self._rows.setdefault(unit_id, []).append((sample.sample_id, future))
 
     def flush(self) -> None:
         """Nothing to do here (the process write-back batches its messages until this)."""
 
-    def discard(self, request_id: str) -> None:
-        """A finished request that becomes no sample: drop its rows from the spool."""
-        if self.rows is not None:
-            self.rows.discard(request_id)
+    def discard(self, rows: CapturedRows) -> None:
+        rows.release()
 
-    def _encode_one(self, unit_id: str, sample, parts, provenance, where: str, source: str, raw):
+    def _encode_one(self, unit_id: str, sample: PendingSample, provenance, where: str, raw: int):
         """The encoded row, or the row's error record when it cannot be built or validated."""
         from pipeline.corpus.records import RowError
-        from pipeline.regenerate.unit import DeferredSample, SpooledSample, captured_sample
         from pipeline.shards.codecs import get_codec
         from pipeline.shards.writer import encode_sample
-        from pipeline.targets.base import Generation
 
         started = time.perf_counter()
         try:
-            if isinstance(sample, DeferredSample):
-                sample = sample.build()
-            elif isinstance(sample, SpooledSample):
-                if not parts:
-                    raise RuntimeError(f"capture {sample.sample_id!r}: no hidden states captured")
-                gen = Generation(
-                    sample.sample_id, sample.prompt_ids, sample.output_ids, sample.finish_reason
-                )
-                cap = self.rows.layout.to_captured(gen, parts, normed=True)  # SpoolRows.drain
-                sample = captured_sample(cap, sample.source, sample.domain)
-            row = encode_sample(sample, provenance, get_codec(provenance.codec), shard=unit_id)
+            built = sample.build()
+            row = encode_sample(built, provenance, get_codec(provenance.codec), shard=unit_id)
         except RuntimeError as err:  # the engine left positions of this request unwritten
-            return RowError(source, where, "capture_incomplete", str(err))
+            return RowError(sample.source, where, "capture_incomplete", str(err))
         except (TypeError, ValueError) as err:
-            return RowError(source, where, "invalid_sample", str(err))
+            return RowError(sample.source, where, "invalid_sample", str(err))
         finally:
             self._account(-raw)
         with self._lock:

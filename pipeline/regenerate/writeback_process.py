@@ -11,13 +11,13 @@ kernel schedules it below the engine's processes (`nice`), so it runs on the
 cycles they leave: the engine-core process spin-waits with `sched_yield`
 between steps (docs/capture.md has the measurements).
 
-The engine's process never touches the captured bytes: the backend hands the
-capture spool over (`VLLMTarget.hand_off_rows`), and this process reads the
-spool files itself (`SpoolRows`) when it is told a request finished. What
-crosses the pipe is small: per sample its ids and tokens; per unit its
-error records and, back, its `ShardInfo`. Samples built elsewhere (a
-backend without a spool, such as the transformers reference) cross with
-their tensors.
+The engine's process never touches the captured bytes: on `bind` the backend
+hands the capture spool over (`hand_off_rows`), so its samples' rows are
+`SpooledRows` handles, and this process reads the spool files itself
+(`capture_rows.open_spool`) as it builds them. What crosses the pipe is
+small: per sample its ids, tokens and rows handle; per unit its error
+records and, back, its `ShardInfo`. Rows held in memory elsewhere (a backend
+without a spool, such as the transformers reference) cross with their bytes.
 
 Memory: the write-back's counters live in shared memory (`Ledger`), so the
 feeder reads what is held there without asking; bytes sent and not yet
@@ -33,36 +33,27 @@ import os
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
-from pipeline.regenerate.writeback import LEDGER_FIELDS, Done, Ledger, ShardTarget
+from pipeline.regenerate.writeback import (
+    LEDGER_FIELDS,
+    Done,
+    Ledger,
+    ShardTarget,
+    WritebackConfig,
+    WritebackStats,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from pipeline.corpus.records import RowError
+    from pipeline.regenerate.pending import PendingSample
     from pipeline.shards.schema import Provenance
-    from pipeline.targets.capture_rows import CaptureContract
+    from pipeline.targets.base import CapturedRows, StreamingBackend
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WritebackSettings:
-    """How the write-back process runs (all picklable: they cross to the child)."""
-
-    num_encode_workers: int = 2
-    num_write_workers: int = 1
-    spill_above_bytes: int | None = None
-    spill_dir: str | None = None
-    # Added to the child's nice value: the engine's processes win the CPU they want.
-    nice: int = 5
-    # CPUs the child may run on (None: the parent's; the replica moves it to its host
-    # CPUs, or gives it every CPU with `regenerate.writeback_cpus: all`).
-    cpus: frozenset[int] | None = None
-    contract: CaptureContract | None = None  # the engine's spool (None: samples come built)
 
 
 class WritebackFailed(RuntimeError):
@@ -70,14 +61,21 @@ class WritebackFailed(RuntimeError):
 
 
 class ProcessWriteback:
-    """A `ShardWriteback` in a child process, with the same interface (see the module docstring)."""
+    """A `ShardWriteback` in a child process: a `Writeback` (see the module docstring).
+
+    `config.nice`: the child's nice value above this process's. Its CPUs are
+    this process's when it starts; the replica's CPU placement moves it with
+    the rest of the host work (cpu_host.py).
+    """
 
     def __init__(
         self,
-        settings: WritebackSettings,
+        config: WritebackConfig | None = None,
         *,
+        spill_above_bytes: int | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
+        config = config or WritebackConfig()
         ctx = mp.get_context("spawn")  # no fork of a process that holds an engine and threads
         self._ledger = Ledger(ctx.RawArray("d", len(LEDGER_FIELDS)))
         # To the child: a Queue, whose put never blocks the engine thread (a thread of
@@ -88,12 +86,20 @@ class ProcessWriteback:
         self._from_child, writer = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=_child_main,
-            args=(settings, self._ledger.values, self._to_child, writer, os.getpid()),
+            args=(
+                config,
+                spill_above_bytes,
+                self._ledger.values,
+                self._to_child,
+                writer,
+                os.getpid(),
+            ),
             name="dspark-writeback",
             daemon=True,
         )
         self._process.start()
         writer.close()
+        self._backend: StreamingBackend | None = None  # whose rows were handed over
         self._sent_bytes = 0  # raw bytes of every sample sent to the child
         self._batch: list[tuple] = []  # messages waiting for flush()
         self._opened: set[str] = set()  # units whose provenance the child has
@@ -111,19 +117,22 @@ class ProcessWriteback:
     def pid(self) -> int | None:
         return self._process.pid
 
-    def attach(
+    def bind(
         self,
-        contract: CaptureContract | None,
+        backend: StreamingBackend | None,
         *,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """Give the process its engine's spool (None: samples come built) and the owner's
-        fatal-error hook; call once, before the first `add`. The replica starts the process
-        before its engine, so its imports overlap the engine's start, and attaches it once
-        the engine is up and the process placed."""
+        """Take over `backend`'s capture spool, where it has one (then its rows stay there
+        and the child reads them), and the owner's fatal-error hook. The replica starts
+        this process before its engine, so its imports overlap the engine's start, and
+        binds it once the engine is up and the process placed."""
         if on_fatal is not None:
             self._on_fatal = on_fatal
-        self._send(("attach", contract))
+        contract = backend.hand_off_rows() if backend is not None else None
+        if contract is not None:
+            self._backend = backend
+        self._send(("bind", contract))
 
     # ------------------------------------------------------------------ counters
 
@@ -135,43 +144,31 @@ class ProcessWriteback:
         held = self._ledger["nbytes"]
         return int(held + (self._sent_bytes - received))
 
-    peak_nbytes = property(lambda self: int(self._ledger["peak_nbytes"]))
-    encode_seconds = property(lambda self: self._ledger["encode_seconds"])
-    encoded_bytes = property(lambda self: int(self._ledger["encoded_bytes"]))
-    spilled_bytes = property(lambda self: int(self._ledger["spilled_bytes"]))
+    def stats(self) -> WritebackStats:
+        ledger = self._ledger
+        return WritebackStats(
+            nbytes=self.nbytes,
+            peak_nbytes=int(ledger["peak_nbytes"]),
+            encode_seconds=ledger["encode_seconds"],
+            encoded_bytes=int(ledger["encoded_bytes"]),
+            spilled_bytes=int(ledger["spilled_bytes"]),
+            pid=self._process.pid,
+        )
 
-    # ------------------------------------------------------------------ the ShardWriteback interface
+    # ------------------------------------------------------------------ the Writeback interface
 
     def add(
-        self,
-        unit_id: str,
-        sample,
-        *,
-        provenance: Provenance,
-        where: str,
-        source: str,
-        nbytes: int | None = None,
+        self, unit_id: str, sample: PendingSample, *, provenance: Provenance, where: str
     ) -> None:
-        from pipeline.regenerate.unit import DeferredSample
-        from pipeline.regenerate.writeback import sample_nbytes
-
-        if isinstance(sample, DeferredSample):  # its rows live in this process: build here
-            try:
-                sample = sample.build()
-            except RuntimeError as err:  # becomes the row's error record in the child
-                sample = _Failed(sample.sample_id, "capture_incomplete", str(err))
-        if isinstance(sample, _Failed):
-            raw = 0
-        else:
-            raw = sample_nbytes(sample) if nbytes is None else nbytes
+        raw = sample.nbytes
         if unit_id not in self._opened:
             self._opened.add(unit_id)
             self._queue(("open", unit_id, provenance))
         self._sent_bytes += raw  # in transit from here: counted in nbytes until the child has it
-        self._queue(("add", unit_id, sample, where, source, raw))
+        self._queue(("add", unit_id, sample, where))
 
-    def discard(self, request_id: str) -> None:
-        self._queue(("discard", request_id))
+    def discard(self, rows: CapturedRows) -> None:
+        self._queue(("discard", rows))
 
     def finish(
         self, unit_id: str, target: ShardTarget, errors: Sequence[RowError], done: Done
@@ -193,7 +190,8 @@ class ProcessWriteback:
             self._send(("batch", batch))
 
     def close(self) -> None:
-        """Stop the child (units not written fail); waits for it briefly, then kills it."""
+        """Stop the child (units not written fail); waits for it briefly, then kills it;
+        gives the backend its rows back (it may serve another write-back after this one)."""
         self._closing = True
         if self._failed is None:
             try:
@@ -205,6 +203,9 @@ class ProcessWriteback:
         if self._process.is_alive():
             self._process.kill()
             self._process.join(timeout=10)
+        if self._backend is not None:
+            self._backend.hand_off_rows(False)
+            self._backend = None
         self._fail_all(WritebackFailed("the write-back was closed before the unit was written"))
 
     # ------------------------------------------------------------------ internals
@@ -256,41 +257,37 @@ class ProcessWriteback:
             done(None, err)
 
 
-@dataclass(frozen=True)
-class _Failed:
-    """A sample that could not be built in the replica: becomes its error record in the child."""
-
-    sample_id: str
-    reason: str
-    detail: str
-
-
 # --------------------------------------------------------------------------- the child
 
 
-def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, parent: int) -> None:
+def _child_main(
+    config: WritebackConfig,
+    spill_above_bytes: int | None,
+    ledger_values,
+    inbox,
+    outbox,
+    parent: int,
+) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    if settings.nice:
-        os.nice(settings.nice)
-    if settings.cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, settings.cpus)
+    if config.nice:
+        os.nice(config.nice)
     from pipeline.logs import setup_logging
 
     setup_logging()
     # What the first sample needs, imported now, while the engine starts.
+    import pipeline.regenerate.pending  # noqa: F401
     import pipeline.shards.codecs  # noqa: F401  (torch, zstandard)
     import pipeline.shards.manifest  # noqa: F401  (pyarrow, storage)
     import pipeline.shards.writer  # noqa: F401
     from pipeline.regenerate.writeback import ShardWriteback
-    from pipeline.targets.capture_rows import SpoolRows
+    from pipeline.targets.capture_rows import close_spool, open_spool
 
-    writeback = None  # made on "attach": by then the replica has placed this process
-    contract = settings.contract
+    writeback = None  # made on "bind": by then the replica has placed this process
+    contract = None
     replies: queue.SimpleQueue = queue.SimpleQueue()
     sender = threading.Thread(target=_send_replies, args=(replies, outbox), daemon=True)
     sender.start()
     provenance: dict[str, Any] = {}
-    failed: dict[str, list] = {}  # unit id -> error records of samples built badly upstream
     pending: deque[tuple] = deque()
     try:
         while True:
@@ -302,47 +299,29 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
             if kind == "open":
                 provenance[message[1]] = message[2]
             elif kind == "add":
-                _, unit_id, sample, where, source, raw = message
-                if isinstance(sample, _Failed):
-                    failed.setdefault(unit_id, []).append((sample, where, source))
-                    continue
-                writeback.add(
-                    unit_id,
-                    sample,
-                    provenance=provenance[unit_id],
-                    where=where,
-                    source=source,
-                    nbytes=raw,
-                )
+                _, unit_id, sample, where = message
+                writeback.add(unit_id, sample, provenance=provenance[unit_id], where=where)
             elif kind == "discard":
                 writeback.discard(message[1])
-            elif kind == "attach":
-                contract = message[1] or contract
+            elif kind == "bind":
+                contract = message[1]
+                if contract is not None:
+                    open_spool(contract)  # the samples' SpooledRows read it from here
                 cpus = _num_cpus()
+                # More encode threads than CPUs to run them on only contend; on one
+                # CPU this thread does the work itself.
+                workers = min(config.num_encode_workers, cpus)
                 writeback = ShardWriteback(
-                    # More encode threads than CPUs to run them on only contend; on one
-                    # CPU this thread does the work itself.
-                    num_encode_workers=min(settings.num_encode_workers, cpus),
-                    num_write_workers=settings.num_write_workers,
-                    spill_above_bytes=settings.spill_above_bytes,
-                    spill_dir=settings.spill_dir,
-                    rows=SpoolRows(contract) if contract else None,
+                    config.model_copy(update={"num_encode_workers": workers}),
+                    spill_above_bytes=spill_above_bytes,
                     ledger=Ledger(ledger_values),
                     threads=cpus > 1,
                 )
             elif kind == "finish":
                 _, unit_id, target, errors = message
                 provenance.pop(unit_id, None)
-                upstream = failed.pop(unit_id, [])
 
-                def done(written, error, unit_id=unit_id, upstream=upstream):
-                    if written is not None and upstream:
-                        from pipeline.corpus.records import RowError
-
-                        written.row_errors.extend(
-                            (s.sample_id, RowError(src, where, s.reason, s.detail))
-                            for s, where, src in upstream
-                        )
+                def done(written, error, unit_id=unit_id):
                     replies.put(
                         ("written", unit_id, written)
                         if error is None
@@ -355,6 +334,8 @@ def _child_main(settings: WritebackSettings, ledger_values, inbox, outbox, paren
     finally:
         if writeback is not None:
             writeback.close()
+        if contract is not None:
+            close_spool(contract)
         replies.put(("stopped", "", None))
         sender.join(timeout=30)
 

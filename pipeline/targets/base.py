@@ -7,12 +7,15 @@ engine-local counters, so results from many replicas can be merged safely.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+    from pipeline.targets.capture_rows import CaptureContract
 
 from pipeline.targets.config import GenerationConfig
 
@@ -26,16 +29,8 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
-class Generation:
-    request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]  # generated tokens, including the end-of-turn token when emitted
-    finish_reason: str  # "stop" (end-of-turn) or "length"
-
-
-@dataclass(frozen=True)
-class CapturedGeneration:
-    """A generation plus the target's hidden states over prompt + answer, from one pass.
+class CapturedStates:
+    """A request's hidden states over prompt + answer, from one pass.
 
     T = len(prompt_ids) + len(output_ids). Row t holds the states computed when
     token t was fed to the target. The final token is sampled but never fed, so
@@ -43,10 +38,6 @@ class CapturedGeneration:
     the token after the end of the answer).
     """
 
-    request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
     # (T, k*H), model dtype: the residual streams at the k aux ids (ascending),
     # concatenated along channels; aux id a = the stream after a decoder layers
     # (= HF output_hidden_states[a] for a < L).
@@ -55,38 +46,50 @@ class CapturedGeneration:
     last_hidden_state: torch.Tensor
 
 
-@dataclass(frozen=True)
-class PendingCapture:
-    """A finished request whose captured tensors are not built yet.
+class CapturedRows(Protocol):
+    """A finished request's captured rows, wherever they are held: one interface.
 
-    What a streaming backend returns from `poll(defer=True)`: the tokens are
-    final, and `materialize()` assembles the rows, applies the final norm and
-    returns the `CapturedGeneration` (raising RuntimeError if positions are
-    missing). The caller runs it off the engine's thread (the write-back's
-    workers), so the engine loop only moves references.
+    Built tensors (`HeldRows`), an engine's row pieces in this process, or rows
+    left in the engine's spool for another process (`targets/capture_rows.py`).
+    `states()` builds the tensors (RuntimeError: positions never written); the
+    caller runs it off the engine's thread. A handle is picklable, so a
+    write-back process can build it.
     """
 
-    request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
-    materialize: Callable[[], CapturedGeneration]
+    nbytes: int  # host memory the rows hold until built (what admission reserved)
+
+    def states(self) -> CapturedStates: ...
+
+    def release(self) -> None:
+        """Drop rows nobody will build (a failed or empty answer); in the process that
+        reads them (the spool's reader)."""
+        ...
 
 
 @dataclass(frozen=True)
-class SpooledCapture:
-    """A finished request whose captured rows stay in the engine's spool.
+class HeldRows:
+    """Rows already built: what the transformers reference returns, and `run_all`."""
 
-    What a backend returns once its rows were handed off
-    (`VLLMTarget.hand_off_rows`): the tokens are final, and whoever holds the
-    capture contract reads the rows and builds the tensors
-    (`capture_rows.SpoolRows`), in another process if it likes.
-    """
+    built: CapturedStates
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self.built).values())
+
+    def states(self) -> CapturedStates:
+        return self.built
+
+    def release(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Generation:
     request_id: str
     prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
+    output_ids: list[int]  # generated tokens, including the end-of-turn token when emitted
+    finish_reason: str  # "stop" (end-of-turn) or "length"
+    rows: CapturedRows | None = None  # the captured rows of a request submitted with capture
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,10 @@ class RequestFailure:
     request_id: str
     reason: str  # stable short code, e.g. "capture_incomplete"
     detail: str
+    rows: CapturedRows | None = None  # rows it left where only their reader can drop them
 
 
-Result = Generation | CapturedGeneration | PendingCapture | SpooledCapture | RequestFailure
+Result = Generation | RequestFailure
 
 
 class StreamingBackend(Protocol):
@@ -120,12 +124,15 @@ class StreamingBackend(Protocol):
         """Queue a request; with `capture` its hidden states come back with it."""
         ...
 
-    def poll(self, *, defer: bool = False) -> list[Result]:
-        """Advance the engine; the requests that finished (any order).
+    def poll(self) -> list[Result]:
+        """Advance the engine; the requests that finished (any order), a captured one with
+        its rows handle (not built: whoever builds it does so off the engine's thread)."""
+        ...
 
-        `defer=True` may return `PendingCapture`s instead of built captures; a
-        backend whose rows were handed off returns `SpooledCapture`s.
-        """
+    def hand_off_rows(self, enabled: bool = True) -> CaptureContract | None:
+        """Leave captured rows in the engine's spool from now on, for a reader in another
+        process (the write-back's); the contract it needs, or None where rows cannot cross
+        processes (then nothing changes). `enabled=False` takes them back."""
         ...
 
     def num_unfinished(self) -> int: ...
@@ -155,8 +162,9 @@ class CapturingBackend(TargetBackend, StreamingBackend, Protocol):
 
     def generate_and_capture(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
-    ) -> list[CapturedGeneration]:
-        """Answer every request and return its hidden states; results in request order."""
+    ) -> list[Generation]:
+        """Answer every request with its hidden states built (`rows` is a `HeldRows`);
+        results in request order."""
         ...
 
 
@@ -178,7 +186,8 @@ def run_all(
     """Submit every request, poll until all finished; results in request order.
 
     The batch entry points (`generate`, `generate_and_capture`) of both
-    backends, on top of their streaming interface. A failed request raises.
+    backends, on top of their streaming interface. A failed request raises;
+    captured rows come back built.
     """
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
@@ -192,4 +201,10 @@ def run_all(
     for result in done.values():
         if isinstance(result, RequestFailure):
             raise RuntimeError(f"{result.request_id!r}: {result.reason}: {result.detail}")
-    return [done[i] for i in ids]
+    return [_built(done[i]) for i in ids]
+
+
+def _built(gen: Generation) -> Generation:
+    if gen.rows is None:
+        return gen
+    return dataclasses.replace(gen, rows=HeldRows(gen.rows.states()))

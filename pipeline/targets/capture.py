@@ -315,9 +315,9 @@ class CaptureAssembler:
     rejected draft row, a recomputation after preemption).
 
     Pieces are numpy views of the chunk's rows (`row_bits`: the same bytes as
-    integers): a request gets one piece per engine step, ~75 per trained-toy
-    sample, and slicing a numpy array costs a tenth of slicing a tensor.
-    `RowLayout.to_captured` and `join_parts` take them as they are.
+    integers), because a request gets one piece per engine step and slicing a
+    numpy array costs far less than slicing a tensor (docs/capture.md, "Memory
+    and writing"). `RowLayout.to_states` and `join_parts` take them as they are.
     """
 
     def __init__(self) -> None:

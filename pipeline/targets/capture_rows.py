@@ -1,22 +1,24 @@
-"""A request's captured tensors, built from the engine's row pieces by whoever holds the rows.
+"""A request's captured rows behind one handle, built into tensors by whoever holds them.
 
 The engine's capture code hands rows to a sink one engine step at a time
 (`capture.py`: a `CaptureChunk` names, per request, which positions its rows
-are). Turning a finished request's pieces into the `CapturedGeneration`
-contract (aux streams as (T, k*H), the final state after the target's final
-norm as (T, H), the never-fed last row zero) needs only the layout of the
-rows, so it can run in the engine owner's process (`VLLMTarget.poll`) or in
-a separate write-back process that reads the spool itself
-(`regenerate/writeback_process.py`): `CaptureContract` is the picklable
-description such a process needs, and `SpoolRows` reads and assembles there.
+are). Turning a finished request's pieces into the `CapturedStates` contract
+(aux streams as (T, k*H), the final state after the target's final norm as
+(T, H), the never-fed last row zero) needs only the layout of the rows
+(`RowLayout`), so it can run anywhere. `VLLMTarget.poll` returns each
+finished request's rows as a `CapturedRows` handle (targets/base.py):
+`PieceRows` when the engine owner read them, `SpooledRows` when they stay in
+the spool for a reader in another process (the write-back's, which opens it
+with `open_spool` and the picklable `CaptureContract`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.targets.base import CapturedGeneration, Generation
+from pipeline.targets.base import CapturedStates
 from pipeline.targets.capture import (
     CaptureAssembler,
     CaptureChunk,
@@ -45,15 +47,22 @@ class RowLayout:
     def norm_final(self, chunks: list[CaptureChunk]) -> None:
         """Apply the final norm to every chunk's last stream in place, once per engine step
         (a few tensor ops over all of a step's rows, instead of the same ops per sample);
-        `to_captured(..., normed=True)` then copies it as it is."""
+        `to_states(..., normed=True)` then copies it as it is."""
         for chunk in chunks:
             final = chunk.rows[:, self.num_aux]
             final.copy_(rms_norm(final, self.norm_weight, self.norm_eps))
 
-    def to_captured(
-        self, gen: Generation, parts: list[tuple[int, Any]], *, normed: bool = False
-    ) -> CapturedGeneration:
+    def to_states(
+        self,
+        request_id: str,
+        num_tokens: int,
+        parts: list[tuple[int, Any]],
+        *,
+        normed: bool = False,
+    ) -> CapturedStates:
         """Engine row pieces -> the contract's (T, k*H) and (T, H) tensors (thread-safe).
+
+        Raises RuntimeError when nothing was captured.
 
         Pieces `(start, rows (n, k+1, H))`, tensors or the assembler's numpy
         views (`capture.row_bits`), arrive in step order (a later one
@@ -66,15 +75,15 @@ class RowLayout:
         import torch
 
         dtype = getattr(torch, self.dtype)
-        num_tokens = len(gen.prompt_ids) + len(gen.output_ids)
         fed = num_tokens - 1  # the last sampled token is never fed
         k, width = self.num_aux, self.hidden_size
+        if not parts:
+            raise RuntimeError(f"capture {request_id!r}: no hidden states were captured")
         tiled = _tiled(parts, fed)
         if tiled is not None:
             # The common case (no preemption, no rewrite): the pieces cover 0..fed
-            # in order, so one concatenation replaces a copy per engine step. In
-            # numpy, on the rows' bits: ~75 pieces a sample, and numpy's per-call
-            # cost is a fraction of torch's.
+            # in order, so one concatenation replaces a copy per engine step, in
+            # numpy on the rows' bits (docs/capture.md, "Memory and writing").
             rows = np.concatenate([as_bits(p) for p in tiled])
             hidden_bits = np.empty((num_tokens, k * width), dtype=rows.dtype)
             hidden_bits[:fed].reshape(fed, k, width)[:] = rows[:, :k]
@@ -85,9 +94,7 @@ class RowLayout:
             hidden, last = from_bits(hidden_bits, dtype), from_bits(last_bits, dtype)
             if not normed:
                 last[:fed] = rms_norm(last[:fed], self.norm_weight, self.norm_eps)
-            return CapturedGeneration(
-                gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
-            )
+            return CapturedStates(hidden, last)
         hidden = torch.zeros(num_tokens, k * width, dtype=dtype)
         streams = hidden[:fed].view(fed, k, width)
         final = torch.empty(fed, width, dtype=dtype)
@@ -102,12 +109,10 @@ class RowLayout:
             written[start:stop] = True
         if not bool(written.all()):
             missing = (~written).nonzero().flatten()[:8].tolist()
-            raise RuntimeError(f"capture {gen.request_id!r}: positions never written: {missing}")
+            raise RuntimeError(f"capture {request_id!r}: positions never written: {missing}")
         last = torch.zeros(num_tokens, width, dtype=dtype)
         last[:fed] = final if normed else rms_norm(final, self.norm_weight, self.norm_eps)
-        return CapturedGeneration(
-            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
-        )
+        return CapturedStates(hidden, last)
 
 
 def _tiled(parts, fed: int):
@@ -153,15 +158,15 @@ class SpoolRows:
 
     `take` drains every complete chunk file first: the engine writes a
     request's rows before its output leaves the engine, so once the owner has
-    seen the request finish, all of its rows are on disk. Not thread-safe:
-    one thread drains and takes; building (`RowLayout.to_captured`) may then
-    run anywhere.
+    seen the request finish, all of its rows are on disk. Draining and taking
+    hold a lock; building (`RowLayout.to_states`) then runs outside it.
     """
 
     def __init__(self, contract: CaptureContract) -> None:
         self.layout = contract.layout
         self._reader = CaptureReader(contract.sink)
         self._assembler = CaptureAssembler()
+        self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -182,11 +187,72 @@ class SpoolRows:
         has no later step). The write-back takes a whole engine step's finished
         requests in a row, and only the first of them lists the spool.
         """
-        if fed is None or not self._assembler.reaches(request_id, fed):
-            self.drain()
-        return self._assembler.take_parts(request_id)
+        with self._lock:
+            if fed is None or not self._assembler.reaches(request_id, fed):
+                self.drain()
+            return self._assembler.take_parts(request_id)
 
     def discard(self, request_id: str) -> None:
         """Drop the rows of a request nobody will build (a failed or empty answer)."""
-        self.drain()
-        self._assembler.discard(request_id)
+        with self._lock:
+            self.drain()
+            self._assembler.discard(request_id)
+
+
+# The spool readers of this process, by spool directory: `SpooledRows` finds its own here.
+_SPOOLS: dict[str, SpoolRows] = {}
+
+
+def open_spool(contract: CaptureContract) -> SpoolRows:
+    """Read `contract`'s spool in this process from now on (the write-back's, once)."""
+    reader = _SPOOLS[contract.sink.capture_dir] = SpoolRows(contract)
+    return reader
+
+
+def close_spool(contract: CaptureContract) -> None:
+    _SPOOLS.pop(contract.sink.capture_dir, None)
+
+
+@dataclass(frozen=True)
+class PieceRows:
+    """A request's row pieces, taken from the engine's sink by its owner (not built yet)."""
+
+    request_id: str
+    num_tokens: int  # T
+    parts: list[tuple[int, Any]] = field(repr=False)
+    layout: RowLayout = field(repr=False)
+    nbytes: int
+
+    def states(self) -> CapturedStates:
+        return self.layout.to_states(self.request_id, self.num_tokens, self.parts, normed=True)
+
+    def release(self) -> None:
+        pass  # the pieces are this handle's own
+
+
+@dataclass(frozen=True)
+class SpooledRows:
+    """A request's rows left in the engine's spool (`VLLMTarget.hand_off_rows`): plain
+    data, picklable; built in the process that opened the spool (`open_spool`)."""
+
+    request_id: str
+    num_tokens: int  # T
+    spool_dir: str
+    nbytes: int
+
+    def states(self) -> CapturedStates:
+        spool = self._spool()
+        parts = spool.take(self.request_id, self.num_tokens - 1)
+        return spool.layout.to_states(self.request_id, self.num_tokens, parts, normed=True)
+
+    def release(self) -> None:
+        self._spool().discard(self.request_id)
+
+    def _spool(self) -> SpoolRows:
+        spool = _SPOOLS.get(self.spool_dir)
+        if spool is None:
+            raise LookupError(
+                f"capture {self.request_id!r}: this process does not read the spool "
+                f"{self.spool_dir} (open_spool was not called)"
+            )
+        return spool

@@ -10,9 +10,10 @@ from collections import deque
 from collections.abc import Sequence
 
 from pipeline.targets.base import (
-    CapturedGeneration,
+    CapturedStates,
     Generation,
     GenerationRequest,
+    HeldRows,
     Result,
     request_seed,
     run_all,
@@ -53,7 +54,11 @@ class HFTarget:
     def num_unfinished(self) -> int:
         return len(self._queue)
 
-    def poll(self, *, defer: bool = False) -> list[Result]:
+    def hand_off_rows(self, enabled: bool = True) -> None:
+        """Rows are built here, in this process: there is no spool to hand off."""
+        return None
+
+    def poll(self) -> list[Result]:
         if not self._queue:
             return []
         request, params, capture = self._queue.popleft()
@@ -89,7 +94,7 @@ class HFTarget:
 
     def generate_and_capture(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
-    ) -> list[CapturedGeneration]:
+    ) -> list[Generation]:
         """Generate, then one forward pass over prompt + answer for the hidden states.
 
         The reference does two passes on purpose: it is the independent
@@ -97,8 +102,8 @@ class HFTarget:
         """
         return run_all(self, requests, params, capture=True)
 
-    def capture(self, gen: Generation) -> CapturedGeneration:
-        """Hidden states of `gen`'s prompt + answer; the final (never fed) row is zero."""
+    def capture(self, gen: Generation) -> Generation:
+        """`gen` with the hidden states of its prompt + answer; the final (never fed) row is zero."""
         import torch
 
         ids = gen.prompt_ids + gen.output_ids
@@ -108,9 +113,8 @@ class HFTarget:
         zero = torch.zeros(1, self.hidden_size, dtype=hs[0].dtype)
         hidden = torch.cat([torch.cat([hs[a][0], zero]) for a in self.aux_layer_ids], dim=-1)
         last = torch.cat([hs[-1][0], zero])
-        return CapturedGeneration(
-            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, hidden, last
-        )
+        rows = HeldRows(CapturedStates(hidden, last))
+        return Generation(gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason, rows)
 
     def close(self) -> None:
         del self.model

@@ -13,7 +13,6 @@ capture happen in one pass (docs/capture.md); such an engine also serves plain
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
@@ -25,17 +24,14 @@ from typing import Any
 
 from pipeline.logs import kv
 from pipeline.targets.base import (
-    CapturedGeneration,
     Generation,
     GenerationRequest,
-    PendingCapture,
     RequestFailure,
     Result,
-    SpooledCapture,
     request_seed,
     run_all,
 )
-from pipeline.targets.capture_rows import CaptureContract, RowLayout
+from pipeline.targets.capture_rows import CaptureContract, PieceRows, RowLayout, SpooledRows
 from pipeline.targets.config import GenerationConfig, TargetConfig
 
 log = logging.getLogger(__name__)
@@ -139,7 +135,7 @@ class VLLMTarget:
         _export_package_path()
 
     def hand_off_rows(self, enabled: bool = True) -> CaptureContract | None:
-        """From now on `poll` leaves captured rows in the spool and returns `SpooledCapture`s.
+        """From now on `poll` leaves captured rows in the spool (`SpooledRows` handles).
 
         The returned contract lets another process (the replica's write-back)
         read the spool and build the tensors itself, so the engine owner's
@@ -210,13 +206,14 @@ class VLLMTarget:
     def num_unfinished(self) -> int:
         return len(self._in_flight)
 
-    def poll(self, *, defer: bool = False) -> list[Result]:
-        """One engine step; the requests that finished in it, with their hidden states.
+    def poll(self) -> list[Result]:
+        """One engine step; the requests that finished in it, each with its rows handle.
 
         Every row of a finished request is in the capture sink before its output
         is emitted (the connector copies inside the step), so the sink is
         drained only when a capturing request finished; rows of requests still
-        running wait in the assembler.
+        running wait in the assembler. Nothing is built here: the handle's
+        `states()` runs wherever its sample is built (the write-back).
         """
         finished = [o for o in self.llm.llm_engine.step() if o.finished]
         if not finished:
@@ -226,50 +223,35 @@ class VLLMTarget:
             chunks = self.reader.take_chunks()
             self.layout.norm_final(chunks)  # once per step, not per sample
             self.assembler.add(chunks)
+        per_token = self.capture_bytes_per_token if self.capture else 0
         results: list[Result] = []
         for out in finished:
             request, capture = self._in_flight.pop(out.request_id)
             completion = out.outputs[0]
-            gen = Generation(
-                request_id=request.request_id,
-                prompt_ids=list(request.prompt_ids),
-                output_ids=list(completion.token_ids),
-                finish_reason="stop" if completion.finish_reason == "stop" else "length",
-            )
+            rid, prompt_ids = request.request_id, list(request.prompt_ids)
+            output_ids = list(completion.token_ids)
+            finish = "stop" if completion.finish_reason == "stop" else "length"
             if not capture:
-                results.append(gen)
+                results.append(Generation(rid, prompt_ids, output_ids, finish))
                 continue
+            num_tokens = len(prompt_ids) + len(output_ids)
+            nbytes = num_tokens * per_token
+            if handed_off:  # whoever holds the contract reads the rows (hand_off_rows)
+                rows = SpooledRows(rid, num_tokens, self.spool_dir, nbytes)
+            else:
+                parts = self.assembler.take_parts(rid)
+                rows = PieceRows(rid, num_tokens, parts, self.layout, nbytes) if parts else None
             try:
                 if self.capture_method == "extract_hidden_states":
                     echoed = (out.kv_transfer_params or {}).get("capture_key")
-                    if echoed != gen.request_id:
+                    if echoed != rid:
                         raise RuntimeError(f"the output echoes capture key {echoed!r}")
-                if handed_off:  # whoever holds the contract reads the rows (hand_off_rows)
-                    results.append(
-                        SpooledCapture(
-                            gen.request_id, gen.prompt_ids, gen.output_ids, gen.finish_reason
-                        )
-                    )
-                    continue
-                parts = self.assembler.take_parts(gen.request_id)
-                if not parts:
+                if rows is None:
                     raise RuntimeError("no hidden states were captured")
-                if defer:
-                    results.append(
-                        PendingCapture(
-                            gen.request_id,
-                            gen.prompt_ids,
-                            gen.output_ids,
-                            gen.finish_reason,
-                            functools.partial(self.layout.to_captured, gen, parts, normed=True),
-                        )
-                    )
-                else:
-                    results.append(self.layout.to_captured(gen, parts, normed=True))
             except RuntimeError as err:
-                if not handed_off:
-                    self.assembler.discard(gen.request_id)
-                results.append(RequestFailure(gen.request_id, "capture_incomplete", str(err)))
+                results.append(RequestFailure(rid, "capture_incomplete", str(err), rows))
+                continue
+            results.append(Generation(rid, prompt_ids, output_ids, finish, rows))
         return results
 
     def generate(
@@ -279,10 +261,10 @@ class VLLMTarget:
 
     def generate_and_capture(
         self, requests: Sequence[GenerationRequest], params: GenerationConfig
-    ) -> list[CapturedGeneration]:
-        """Generate and capture in one engine pass; results in request order.
+    ) -> list[Generation]:
+        """Generate and capture in one engine pass; results in request order, rows built.
 
-        Rows follow the `CapturedGeneration` contract: T = prompt + output, row t
+        Rows follow the `CapturedStates` contract: T = prompt + output, row t
         = states when token t was fed, row T-1 zero (the last token is never fed;
         the engine's row there, if any, belongs to a throw-away draft token).
         """

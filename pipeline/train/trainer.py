@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
-from pipeline.threads import torch_threads
+from pipeline.torch_threads import torch_threads
 from pipeline.train.checkpoint import (
     export_dir,
     latest_checkpoint,

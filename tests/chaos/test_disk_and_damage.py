@@ -54,7 +54,7 @@ def test_a_full_disk_stops_the_run_and_nothing_committed_is_lost(dataset, monkey
     before = set(_ids(dataset))
     # The first 24 are committed. The full disk wraps this process's storage, so the shards
     # are written here too (the write-back's threads mode).
-    grown = run_config(dataset, num_conversations=48, num_buckets=6, writeback="threads")
+    grown = run_config(dataset, num_conversations=48, num_buckets=6, writeback={"mode": "threads"})
     expected = expected_ids(grown)
     disk = FullDisk(LocalStorage(dataset), free_bytes=60_000)
     real = manifest_mod.open_storage

@@ -44,7 +44,7 @@ def test_ten_percent_of_storage_calls_fail(s3_uri, moto_endpoint, monkeypatch, c
         endpoint_url=moto_endpoint,
         num_conversations=48,
         num_buckets=12,
-        writeback="threads",
+        writeback={"mode": "threads"},
     )
     expected = expected_ids(config)
     faults = Faults(rate=0.1, seed=7)

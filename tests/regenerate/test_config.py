@@ -109,3 +109,32 @@ def test_invalid_yaml_and_missing_file(tmp_path):
 def test_dotted_overrides(tmp_path):
     config = load_config(_write(tmp_path, MINIMAL), overrides={"replicas.num_replicas": 3})
     assert config.replicas.num_replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("old", "says"),
+    [
+        ("regenerate: {num_encode_workers: 4}", "regenerate.writeback.num_encode_workers"),
+        ("regenerate: {spill_dir: /tmp/s}", "regenerate.writeback.spill_dir"),
+        ("regenerate: {writeback_nice: 3}", "regenerate.writeback.nice"),
+        ("regenerate: {writeback: threads}", "writeback: {mode: threads}"),
+        ("regenerate: {gil_switch_interval_ms: 1}", "cpu_host.gil_switch_interval_ms"),
+        ("regenerate: {isolate_engine_cpus: false}", "cpu_host.isolate_engine_cpus"),
+        ("regenerate: {engine_core_cpus: host}", "engine_core_cpus was removed"),
+        ("regenerate: {writeback_cpus: all}", "writeback_cpus was removed"),
+        ("replicas: {nice: 15}", "replicas.nice was removed"),
+    ],
+)
+def test_a_moved_key_names_its_new_place_in_one_line(tmp_path, old, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, MINIMAL + old + "\n"))
+    assert says in str(err.value)
+
+
+def test_cpu_host_and_writeback_sections_default_and_load(tmp_path):
+    config = load_config(_write(tmp_path, MINIMAL))  # a GPU config never writes them
+    assert config.cpu_host.isolate_engine_cpus and config.regenerate.writeback.mode == "process"
+    text = "cpu_host: {gil_switch_interval_ms: 2}\nregenerate: {writeback: {mode: threads}}\n"
+    config = load_config(_write(tmp_path, MINIMAL + text))
+    assert config.cpu_host.gil_switch_interval_ms == 2
+    assert config.regenerate.writeback.mode == "threads"

@@ -24,7 +24,7 @@ from pipeline.shards import lease
 from pipeline.shards.lease import LeaseHeld, LeaseLost, WriteSession
 from pipeline.shards.manifest import Dataset, DatasetError, LineageMismatch
 from pipeline.targets.hf_backend import HFTarget
-from pipeline.threads import torch_threads
+from pipeline.torch_threads import torch_threads
 
 
 @pytest.fixture

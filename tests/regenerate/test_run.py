@@ -72,13 +72,13 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     assert summary.version is not None and summary.units_done == summary.units_total
     assert _committed_ids(config.output.uri) == _expected_ids(config)
     # vLLM's CPU worker binds its threads to a core of its own; the replica's
-    # host work runs on the others (pipeline/regenerate/cpus.py).
+    # host work runs on the others (pipeline/regenerate/cpu_host.py).
     allowed = sorted(os.sched_getaffinity(0))
     host = summary.replica_stats[0]["host_cpus"]
     if len(allowed) > 1:
         assert host and set(host) < set(allowed), host
         # The engine core takes turns with the model worker on the worker's CPUs
-        # (`regenerate.engine_core_cpus: workers`, the default).
+        # (cpu_host.py: where it always goes).
         core = summary.replica_stats[0]["engine_core_cpus"]
         assert core and set(core) == set(allowed) - set(host), (core, host)
     # The shards were built and written by the replica's write-back process, whose CPU

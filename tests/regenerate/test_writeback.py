@@ -12,9 +12,10 @@ from pipeline.corpus.records import Conversation
 from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 from pipeline.regenerate.config import parse_config
 from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.partition import plan_units
 from pipeline.regenerate.provenance import build_provenance
-from pipeline.regenerate.unit import UnitSpec
-from pipeline.regenerate.units import plan_units
+from pipeline.regenerate.unit_job import UnitSpec
+from pipeline.regenerate.writeback import WritebackConfig, start_writeback
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.targets.hf_backend import HFTarget
@@ -48,8 +49,8 @@ def setup(trained_target_dir):
 def _run(config, backend, tok, units, uri, spill_dir=None, spill_above=None):
     spec = UnitSpec.from_config(config, build_provenance(config, "c"))
     spec = UnitSpec(**{**spec.__dict__, "dataset_uri": str(uri)})
-    limits = FeedLimits(8, 1 << 30, spill_above_bytes=spill_above, spill_dir=spill_dir)
-    feeder = EngineFeeder(backend, tok, limits)
+    writeback = start_writeback(WritebackConfig(spill_dir=spill_dir), spill_above_bytes=spill_above)
+    feeder = EngineFeeder(backend, tok, FeedLimits(8, 1 << 30), writeback=writeback)
     try:
         results = [f.result(timeout=600) for f in [feeder.submit_unit(u, spec) for u in units]]
     finally:
@@ -62,7 +63,7 @@ def test_spilled_rows_write_the_same_shard_bytes(setup, tmp_path):
     kept, _ = _run(config, backend, tok, units, tmp_path / "kept")
     spill_dir = tempfile.mkdtemp(dir=tmp_path)
     spilled, feeder = _run(config, backend, tok, units, tmp_path / "spilled", spill_dir, 0)
-    assert feeder.writeback.spilled_bytes > 0  # every encoded row went to disk first
+    assert feeder.writeback.stats().spilled_bytes > 0  # every encoded row went to disk first
     assert not os.listdir(spill_dir)  # and the spill files went with their units
     for a, b in zip(kept, spilled, strict=True):
         assert a.shard.sha256 == b.shard.sha256 and a.shard.rows == b.shard.rows > 0

@@ -21,22 +21,31 @@ from pathlib import Path
 import pytest
 from shards.helpers import provenance, sample
 
-from pipeline.regenerate.writeback import ShardTarget, ShardWriteback
-from pipeline.regenerate.writeback_process import (
-    ProcessWriteback,
-    WritebackFailed,
-    WritebackSettings,
-)
+from pipeline.regenerate.pending import PendingSample
+from pipeline.regenerate.writeback import ShardTarget, ShardWriteback, WritebackConfig
+from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackFailed
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
+from pipeline.targets.base import CapturedStates, Generation, HeldRows
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def pending(index: int, unit: str = "u-1") -> PendingSample:
+    """The shards helpers' sample `index`, as a unit hands it to the write-back."""
+    s = sample(index, unit)
+    ids = list(s.input_ids)
+    rows = HeldRows(CapturedStates(s.hidden_states, s.last_hidden_state))
+    gen = Generation(
+        s.sample_id, ids[: s.num_prompt_tokens], ids[s.num_prompt_tokens :], s.finish_reason, rows
+    )
+    return PendingSample(s.source, s.domain, gen)
 
 
 def _write(writeback, uri: str, samples) -> Future:
     prov = provenance()
     for s in samples:
-        writeback.add("u-1", s, provenance=prov, where=f"row {s.sample_id}", source="syn")
+        writeback.add("u-1", s, provenance=prov, where=f"row {s.sample_id}")
     done: Future = Future()
 
     def finish(written, error):
@@ -55,10 +64,10 @@ def _nice(pid: int) -> int:
 
 
 def test_a_process_writes_the_shard_threads_write(tmp_path):
-    samples = [sample(i, "u-1") for i in (5, 1, 3, 0, 4, 2)]  # arrival order, not id order
+    samples = [pending(i) for i in (5, 1, 3, 0, 4, 2)]  # arrival order, not id order
     threads = ShardWriteback()
-    process = ProcessWriteback(WritebackSettings(nice=7))
-    process.attach(None)  # no engine spool: the samples come built
+    process = ProcessWriteback(WritebackConfig(nice=7))
+    process.bind(None)  # no engine spool: the rows come in memory
     try:
         deadline = time.monotonic() + 60  # the child renices itself as it starts
         while _nice(process.pid) != _nice(os.getpid()) + 7 and time.monotonic() < deadline:
@@ -66,8 +75,10 @@ def test_a_process_writes_the_shard_threads_write(tmp_path):
         assert _nice(process.pid) == _nice(os.getpid()) + 7  # below the engine's processes
         by_threads = _write(threads, str(tmp_path / "threads"), samples).result(timeout=120)
         by_process = _write(process, str(tmp_path / "process"), samples).result(timeout=120)
-        assert process.nbytes == 0 and process.peak_nbytes > 0  # all released once written
-        assert process.encoded_bytes == threads.encoded_bytes > 0
+        stats = process.stats()
+        assert process.nbytes == stats.nbytes == 0 and stats.peak_nbytes > 0  # all released
+        assert stats.encoded_bytes == threads.stats().encoded_bytes > 0
+        assert stats.pid == process.pid and threads.stats().pid is None
     finally:
         threads.close()
         process.close()
@@ -83,11 +94,11 @@ def test_a_process_writes_the_shard_threads_write(tmp_path):
 def test_a_failed_write_comes_back_named(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the dataset's directory should be")
-    process = ProcessWriteback(WritebackSettings())
-    process.attach(None)
+    process = ProcessWriteback(WritebackConfig())
+    process.bind(None)
     try:
         with pytest.raises(WritebackFailed) as failure:
-            _write(process, str(blocker / "ds"), [sample(0, "u-1")]).result(timeout=120)
+            _write(process, str(blocker / "ds"), [pending(0)]).result(timeout=120)
     finally:
         process.close()
     assert "not-a-dir" in str(failure.value)
@@ -95,11 +106,11 @@ def test_a_failed_write_comes_back_named(tmp_path):
 
 def test_a_dead_child_fails_its_units_and_tells_the_owner():
     lost = threading.Event()
-    process = ProcessWriteback(WritebackSettings())
-    process.attach(None, on_fatal=lambda err: lost.set())
+    process = ProcessWriteback(WritebackConfig())
+    process.bind(None, on_fatal=lambda err: lost.set())
     try:
         prov = provenance()
-        process.add("u-1", sample(0, "u-1"), provenance=prov, where="row 0", source="syn")
+        process.add("u-1", pending(0), provenance=prov, where="row 0")
         os.kill(process.pid, signal.SIGKILL)
         assert lost.wait(timeout=30)
         done: Future = Future()
@@ -119,9 +130,9 @@ def test_a_sigkilled_owner_leaves_no_child(tmp_path):
     script = textwrap.dedent(
         """
         import sys, time
-        from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackSettings
+        from pipeline.regenerate.writeback_process import ProcessWriteback
         if __name__ == "__main__":
-            wb = ProcessWriteback(WritebackSettings())
+            wb = ProcessWriteback()
             print(wb.pid, flush=True)
             time.sleep(600)
         """

@@ -89,6 +89,14 @@ def plain(trained_target_dir, cases):
     return out
 
 
+def _flat(gen):
+    """A generation with its built states beside its tokens (what these checks read)."""
+    from types import SimpleNamespace
+
+    states = gen.rows.states()
+    return SimpleNamespace(**vars(gen), **vars(states))
+
+
 @pytest.fixture(scope="module", params=["aux_outputs", "extract_hidden_states"])
 def engines(request, trained_target_dir, cases, plain):
     """A capture engine of each method answering the same batch in one call, greedy."""
@@ -97,7 +105,7 @@ def engines(request, trained_target_dir, cases, plain):
     target = load_target(_target_config(trained_target_dir, request.param), capture=True)
     spool = target.spool_dir
     started = time.monotonic()
-    captured = target.generate_and_capture([r for r, _ in cases], PARAMS)
+    captured = [_flat(g) for g in target.generate_and_capture([r for r, _ in cases], PARAMS)]
     print("timings", request.param, {"capture_batch_s": time.monotonic() - started})
     target.close()
     return captured, plain, spool

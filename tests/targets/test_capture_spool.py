@@ -159,3 +159,49 @@ def test_final_norm_from_checkpoint(random_target_dir):
     model = AutoModelForCausalLM.from_pretrained(random_target_dir)
     assert torch.equal(weight, model.model.norm.weight.data)
     assert eps == model.config.rms_norm_eps
+
+
+def _layout(num_aux: int = 1, hidden: int = 4):
+    from pipeline.targets.capture_rows import RowLayout
+
+    return RowLayout(num_aux, hidden, "bfloat16", torch.ones(hidden, dtype=torch.bfloat16), 1e-6)
+
+
+def test_one_rows_handle_whether_the_rows_are_in_memory_or_in_the_spool(tmp_path):
+    """A request's rows read by the engine's owner (`PieceRows`) and left in the spool for
+    another reader (`SpooledRows`) build the same tensors behind one interface."""
+    import pickle
+
+    from pipeline.targets.capture import CaptureAssembler, SinkSpec
+    from pipeline.targets.capture_rows import (
+        CaptureContract,
+        PieceRows,
+        SpooledRows,
+        close_spool,
+        open_spool,
+    )
+
+    steps = [_chunk(0, [("a", 0, 3), ("b", 0, 2)]), _chunk(1, [("a", 3, 2)])]
+    layout = _layout()
+    assembler = CaptureAssembler()
+    assembler.add(steps)
+    layout.norm_final(steps)  # the spool reader applies the norm as it drains; here by hand
+    in_memory = PieceRows("a", 6, assembler.take_parts("a"), layout, 6 * 16)
+    for step in _chunk(0, [("a", 0, 3), ("b", 0, 2)]), _chunk(1, [("a", 3, 2)]):
+        write_spool(str(tmp_path), "w1", step)
+    contract = CaptureContract(SinkSpec("spool", str(tmp_path)), layout)
+    spooled = pickle.loads(pickle.dumps(SpooledRows("a", 6, str(tmp_path), 6 * 16)))
+    with pytest.raises(LookupError, match="open_spool"):  # no reader in this process yet
+        spooled.states()
+    open_spool(contract)
+    try:
+        want, got = in_memory.states(), spooled.states()
+        assert torch.equal(got.hidden_states, want.hidden_states)
+        assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+        assert got.hidden_states.shape == (6, 4) and not got.hidden_states[-1].any()
+        # A request that becomes no sample: its rows are dropped where they are held.
+        SpooledRows("b", 3, str(tmp_path), 0).release()
+        with pytest.raises(RuntimeError, match="no hidden states"):
+            SpooledRows("b", 3, str(tmp_path), 0).states()
+    finally:
+        close_spool(contract)

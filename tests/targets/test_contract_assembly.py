@@ -1,4 +1,4 @@
-"""Engine row pieces -> the contract's tensors (`RowLayout.to_captured`), without an engine.
+"""Engine row pieces -> the contract's tensors (`RowLayout.to_states`), without an engine.
 
 The fast path (one concatenation when the pieces tile the fed positions in
 order) must give exactly what the general path (a copy per piece, later
@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.targets.base import Generation
 from pipeline.targets.capture import rms_norm, row_bits
 from pipeline.targets.capture_rows import RowLayout, _tiled
 
@@ -25,10 +24,6 @@ def _target() -> RowLayout:
         norm_weight=torch.linspace(0.5, 1.5, H).to(torch.bfloat16),
         norm_eps=1e-6,
     )
-
-
-def _gen(prompt: int, answer: int) -> Generation:
-    return Generation("r", list(range(prompt)), list(range(answer)), "stop")
 
 
 def _rows(n: int, seed: int) -> torch.Tensor:
@@ -70,8 +65,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_gives_the_reference_tensors(layout):
     parts = LAYOUTS[layout]()
-    gen = _gen(7, 5)
-    cap = _target().to_captured(gen, parts)
+    cap = _target().to_states("r", 12, parts)
     hidden, last = _reference(parts, 12)
     assert torch.equal(cap.hidden_states, hidden)
     assert torch.equal(cap.last_hidden_state, last)
@@ -84,8 +78,8 @@ def test_the_assemblers_numpy_pieces_give_the_same_tensors(layout):
     parts = LAYOUTS[layout]()
     bits = [(start, row_bits(rows)) for start, rows in parts]
     for normed in (False, True):
-        want = _target().to_captured(_gen(7, 5), parts, normed=normed)
-        got = _target().to_captured(_gen(7, 5), bits, normed=normed)
+        want = _target().to_states("r", 12, parts, normed=normed)
+        got = _target().to_states("r", 12, bits, normed=normed)
         assert torch.equal(got.hidden_states, want.hidden_states)
         assert torch.equal(got.last_hidden_state, want.last_hidden_state)
         assert got.hidden_states.dtype == torch.bfloat16
@@ -102,4 +96,4 @@ def test_fast_path_taken_only_for_in_order_tiles():
 def test_a_position_never_written_is_an_error():
     parts = [(0, _rows(4, 0)), (6, _rows(6, 1))]  # positions 4 and 5 missing
     with pytest.raises(RuntimeError, match=r"positions never written: \[4, 5\]"):
-        _target().to_captured(_gen(7, 5), parts)
+        _target().to_states("r", 12, parts)

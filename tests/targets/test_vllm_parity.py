@@ -6,9 +6,9 @@ from transformers import AutoTokenizer
 from pipeline.corpus.records import Conversation, sample_id
 from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 from pipeline.regenerate.config import parse_config
+from pipeline.regenerate.partition import plan_units
 from pipeline.regenerate.provenance import build_provenance
-from pipeline.regenerate.unit import UnitSpec
-from pipeline.regenerate.units import plan_units
+from pipeline.regenerate.unit_job import UnitSpec
 from pipeline.render import first_prompt, render_prompt
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader

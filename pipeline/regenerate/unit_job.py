@@ -6,8 +6,10 @@ hands it every finished result, and submits whatever it returns next. A
 multi-turn conversation's turn j is requested the moment turn j-1 returns,
 conditioned on the regenerated answer (`turns="all"`) or on the corpus'
 original history (`turns="last"`, which regenerates the final answer only).
-Results arrive in any order; the shard is written in sample-id order
-(`writeback.py`), so a retried unit writes the same rows in the same order.
+Every captured answer becomes one `PendingSample` (`pending.py`), built by
+the write-back. Results arrive in any order; the shard is written in
+sample-id order (`writeback.py`), so a retried unit writes the same rows in
+the same order.
 
 A row that cannot be used (a prompt that leaves no room for the answer, a
 template the tokenizer rejects, an empty answer, an incomplete capture)
@@ -17,36 +19,21 @@ condition on it, are recorded as `earlier_answer_failed`; the unit completes.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.corpus.records import Conversation, RowError, sample_id
-from pipeline.regenerate.units import WorkUnit
-from pipeline.render import (
-    answer_budget,
-    answer_turns,
-    assemble_row,
-    prompt_messages,
-    render_prompt,
-)
+from pipeline.regenerate.partition import WorkUnit
+from pipeline.regenerate.pending import PendingSample
+from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt
 from pipeline.shards.schema import Provenance
-from pipeline.targets.base import (
-    CapturedGeneration,
-    GenerationRequest,
-    PendingCapture,
-    RequestFailure,
-    Result,
-    SpooledCapture,
-)
+from pipeline.targets.base import GenerationRequest, RequestFailure, Result
 from pipeline.targets.config import GenerationConfig
 
 if TYPE_CHECKING:
     from pipeline.regenerate.config import PipelineConfig
-    from pipeline.shards.writer import Sample
 
 log = logging.getLogger(__name__)
 
@@ -87,35 +74,6 @@ class UnitResult:
     seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class DeferredSample:
-    """A sample whose tensors `build()` makes (may raise RuntimeError: incomplete capture)."""
-
-    sample_id: str
-    num_tokens: int  # T
-    build: Callable[[], Sample]
-
-
-@dataclass(frozen=True)
-class SpooledSample:
-    """A sample whose rows wait in the engine's spool: plain data, picklable.
-
-    The write-back process reads the rows (`capture_rows.SpoolRows`) and
-    builds the sample with `captured_sample`.
-    """
-
-    sample_id: str
-    source: str
-    domain: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-
 class UnitJob:
     """The conversations of one unit, turn by turn (see the module docstring)."""
 
@@ -132,7 +90,6 @@ class UnitJob:
         self._in_flight: dict[str, tuple[Conversation, int]] = {}  # request id -> (conv, turn)
         # Per sample id, for error records of rows that fail after this job is done with them.
         self.locations: dict[str, str] = {}  # "file:row answer j"
-        self.sources: dict[str, str] = {}
         self.token_counts: dict[str, tuple[int, int]] = {}  # (prompt, generated)
 
     @property
@@ -151,43 +108,20 @@ class UnitJob:
                     out.append(request)
         return out
 
-    def on_result(
-        self, result: Result
-    ) -> tuple[Sample | DeferredSample | SpooledSample | None, list[GenerationRequest]]:
-        """The row a finished request becomes (None if it failed) and the requests that follow.
-
-        A `PendingCapture` becomes a `DeferredSample`: its tensors are built by
-        whoever runs `build()` (the write-back's workers), not here; a
-        `SpooledCapture` becomes a `SpooledSample`, built by the write-back
-        process from the spool.
-        """
+    def on_result(self, result: Result) -> tuple[PendingSample | None, list[GenerationRequest]]:
+        """The sample a finished request becomes (None if it failed) and the requests that
+        follow; the sample's tensors are built by the write-back, not here."""
         conv, turn = self._in_flight.pop(result.request_id)
-        where = f"{conv.location} answer {turn}"
         if isinstance(result, RequestFailure):
             self._fail(conv, turn, result.reason, result.detail)
             return None, []
-        if not isinstance(result, CapturedGeneration | PendingCapture | SpooledCapture):
-            raise TypeError(f"{where}: expected a captured generation, got {type(result).__name__}")
+        if result.rows is None:
+            where = f"{conv.location} answer {turn}"
+            raise TypeError(f"{where}: expected a captured generation, got one without rows")
         if not result.output_ids:
             self._fail(conv, turn, "empty_answer", "the target produced no tokens")
             return None, []
-        if isinstance(result, SpooledCapture):
-            sample = SpooledSample(
-                result.request_id,
-                conv.source,
-                conv.domain,
-                result.prompt_ids,
-                result.output_ids,
-                result.finish_reason,
-            )
-        elif isinstance(result, PendingCapture):
-            sample = DeferredSample(
-                result.request_id,
-                len(result.prompt_ids) + len(result.output_ids),
-                functools.partial(self._build, conv, result),
-            )
-        else:
-            sample = captured_sample(result, conv.source, conv.domain)
+        sample = PendingSample(conv.source, conv.domain, result)
         self.token_counts[result.request_id] = (len(result.prompt_ids), len(result.output_ids))
         res = self.result
         res.num_samples += 1
@@ -228,7 +162,6 @@ class UnitJob:
         request = GenerationRequest(sample_id(conv.conversation_id, turn), prompt_ids, budget)
         self._in_flight[request.request_id] = (conv, turn)
         self.locations[request.request_id] = f"{conv.location} answer {turn}"
-        self.sources[request.request_id] = conv.source
         return request
 
     def _fail(self, conv: Conversation, turn: int, reason: str, detail: str) -> None:
@@ -244,31 +177,3 @@ class UnitJob:
                     f"answer {turn} of this conversation failed ({reason})",
                 )
             )
-
-    def _build(self, conv: Conversation, pending: PendingCapture) -> Sample:
-        return captured_sample(pending.materialize(), conv.source, conv.domain)
-
-
-def captured_sample(cap: CapturedGeneration, source: str, domain: str) -> Sample:
-    """The shard row of one captured answer: tokens, loss mask, bf16 tensors, facts."""
-    import numpy as np
-    import torch
-
-    from pipeline.shards.writer import Sample
-
-    row = assemble_row(cap.prompt_ids, cap.output_ids)
-    return Sample(
-        sample_id=cap.request_id,
-        source=source,
-        domain=domain,
-        # numpy, as the writer keeps them (a tensor would cost a conversion each way)
-        input_ids=np.asarray(row.input_ids, dtype=np.int32),
-        loss_mask=np.asarray(row.loss_mask, dtype=np.uint8),
-        # Shards store bf16 (schema v1); a float32 reference target rounds
-        # here, a bf16 engine's tensors pass unchanged.
-        hidden_states=cap.hidden_states.to(torch.bfloat16),
-        last_hidden_state=cap.last_hidden_state.to(torch.bfloat16),
-        finish_reason=cap.finish_reason,
-        num_prompt_tokens=row.num_prompt_tokens,
-        num_generated_tokens=row.num_generated_tokens,
-    )

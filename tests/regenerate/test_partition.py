@@ -1,5 +1,5 @@
 from pipeline.corpus.records import Conversation, conversation_hash
-from pipeline.regenerate.units import num_buckets_for, plan_units, run_fingerprint
+from pipeline.regenerate.partition import num_buckets_for, plan_units, run_fingerprint
 
 
 def _convs(n, start=0):
@@ -40,7 +40,7 @@ def test_fingerprint_and_bucket_count():
 
 
 def test_buckets_never_depend_on_corpus_size_and_units_are_chunked():
-    from pipeline.regenerate.units import conversation_key
+    from pipeline.regenerate.partition import conversation_key
     from pipeline.shards.sidecar import bucket_of
 
     convs = _convs(300)
@@ -61,7 +61,7 @@ def test_buckets_never_depend_on_corpus_size_and_units_are_chunked():
 def test_diff_finds_new_changed_and_removed_samples():
     import dataclasses
 
-    from pipeline.regenerate.units import diff_corpus, sample_inputs
+    from pipeline.regenerate.partition import diff_corpus, sample_inputs
 
     convs = _convs(10)
     live = {}

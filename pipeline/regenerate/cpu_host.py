@@ -1,19 +1,20 @@
-"""Keep a replica's host work off the CPUs its engine's model workers are bound to.
+"""Tuning for a CPU engine on a small host: the `cpu_host:` config section and what it drives.
 
 vLLM's CPU build binds each model worker's OpenMP threads to cores of their
 own. It leaves the engine-core process (which spin-waits on the worker), the
-replica's feeder and its write-back threads free to run anywhere, so the
-kernel also places them on the worker's cores, and every CPU-second of
-encoding there is taken from the forward. After the engine is up,
-`isolate_host_work` reads which CPUs the workers' threads are bound to
-(Linux affinity masks, nothing guessed). It then moves the calling thread
-and the engine's other processes onto the remaining CPUs, except the engine
-core when it is to share the workers' CPUs (`regenerate.engine_core_cpus`:
-on a CPU engine the two take turns). Threads created
-afterwards (the feeder and its pools) inherit the calling thread's mask.
-Where no worker is bound (a GPU engine, a CPU engine started with
+replica's feeder and its write-back free to run anywhere, so the kernel also
+places them on the worker's cores, and every CPU-second of encoding there is
+taken from the forward. After the engine is up, `place_host_work` reads
+which CPUs the workers' threads are bound to (Linux affinity masks, nothing
+guessed), moves the calling thread, the write-back process and the engine's
+other processes onto the remaining CPUs, and the engine core onto the
+workers' CPUs (on a CPU engine the two take turns: bench/RESULTS.md,
+`regenerate_ab.py --ab engine_core`). Threads created afterwards (the
+feeder and its pools) inherit the calling thread's mask. Where no worker is
+bound (a GPU engine, a CPU engine started with
 `VLLM_CPU_OMP_THREADS_BIND=nobind`), or the workers hold every CPU, it
-changes nothing.
+changes nothing, so a GPU config never needs this section.
+docs/capture.md ("Processes, Ray, parallelism") has what each setting measured.
 """
 
 from __future__ import annotations
@@ -22,9 +23,39 @@ import logging
 import os
 from pathlib import Path
 
+from pydantic import Field
+
+from pipeline.config import ConfigModel
 from pipeline.logs import kv
 
 log = logging.getLogger(__name__)
+
+
+class CpuHostConfig(ConfigModel):
+    """`cpu_host`: settings that matter only for a CPU engine (no-ops on a GPU engine)."""
+
+    # Move the replica's host work off the CPUs the engine's model workers are bound
+    # to, and the engine core onto them (the module docstring).
+    isolate_engine_cpus: bool = True
+    # Python's GIL switch interval in the replica process (sys.setswitchinterval), in
+    # ms: the engine thread gives the GIL up around every engine call, and Python's
+    # 5 ms default can keep it waiting that long each time.
+    gil_switch_interval_ms: float = Field(0.5, gt=0)
+
+
+def tune_process(config: CpuHostConfig) -> None:
+    """What applies before the engine starts: the GIL switch interval."""
+    import sys
+
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
+
+
+def place_host_work(config: CpuHostConfig) -> set[int] | None:
+    """After the engine is up: host work off the workers' CPUs, the engine core on them
+    (`isolate_engine_cpus`); the host CPUs, or None where nothing moved."""
+    if not config.isolate_engine_cpus:
+        return None
+    return isolate_host_work(engine_core_on_workers=True)
 
 
 def descendants(pid: int) -> list[int]:

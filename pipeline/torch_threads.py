@@ -1,7 +1,7 @@
 """Torch's intra-op thread count, capped for a block of work and restored after.
 
-On a small shared machine OpenMP spin-waiting made two threads ~40x slower
-than one (measured, pipeline/demo/reference_shards.py), so CPU stages cap it.
+OpenMP spin-waiting makes several threads far slower than one on a small
+shared machine, so CPU stages cap it (docs/capture.md, "Limits and pitfalls").
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 with the latest version's (a new target revision, layer set, template, codec
 or generation parameters start a new lineage, said in one line; plain
 `regenerate` refuses), diffs the corpus against the version's live samples by
-sample id and input hash (`units.diff_corpus`) and cuts the samples still to
-do into units over the lineage's fixed bucket space (`units.plan_units`), so
+sample id and input hash (`partition.diff_corpus`) and cuts the samples still to
+do into units over the lineage's fixed bucket space (`partition.plan_units`), so
 a grown corpus adds units and never changes a committed one. No engine, no Ray.
 """
 
@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.regenerate.units import CorpusDiff, WorkUnit
+from pipeline.regenerate.partition import CorpusDiff, WorkUnit
 
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
@@ -44,8 +44,13 @@ class DatasetPlan:
 def plan_against(config: PipelineConfig, dataset: Dataset, *, refresh: bool) -> DatasetPlan:
     """Corpus, provenance and units still to do against `dataset`'s latest version; no engine."""
     from pipeline.corpus.ingest import load_corpus
+    from pipeline.regenerate.partition import (
+        diff_corpus,
+        num_buckets_for,
+        plan_units,
+        run_fingerprint,
+    )
     from pipeline.regenerate.provenance import build_provenance, corpus_version, run_identity
-    from pipeline.regenerate.units import diff_corpus, num_buckets_for, plan_units, run_fingerprint
     from pipeline.shards.manifest import LineageMismatch
 
     cfg = config.regenerate
