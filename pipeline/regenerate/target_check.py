@@ -33,11 +33,12 @@ FINAL = "final"
 class TargetCheckTolerance:
     """When stored states count as the target's.
 
-    Measured on the trained toy target (docs/shards.md): a float32 reference
-    stored in bf16 differs by ~0.2% relative error (cosine > 0.9999); a bf16
-    vLLM capture of a 30-layer target by ~1.4% (min cosine 0.9989). The
-    bounds leave room for bf16 compute on deeper targets; the nearest-stream
-    test catches an off-by-one that stays within them.
+    Measured (docs/shards.md): the trained toy target's float32 reference stored
+    in bf16 differs by 0.17% relative error (cosine > 0.99999); SmolLM2-135M
+    captured by CPU vLLM in bf16 by 0.3-0.7% per aux layer and 1.1% for the
+    final state (min cosine 0.9994). The bounds leave room for bf16 compute on
+    deeper targets. They do not catch every off-by-one: SmolLM2's aux 15 is
+    within 3% of aux 14 and 16. The nearest-stream test does.
     """
 
     max_rel_error: float = 0.05
@@ -279,12 +280,12 @@ class _Accumulator:
     def add(self, stored: list, recomputed: list) -> None:
         import torch
 
-        for j, y in enumerate(recomputed):
-            self.ref[j] += float((y.double() ** 2).sum())
+        ys = torch.stack(recomputed).float()  # (C, n, H)
+        self.ref += (ys**2).sum(dim=(1, 2)).double()
         for i, (name, x) in enumerate(zip(self.names, stored, strict=True)):
-            for j, y in enumerate(recomputed):
-                self.err[i, j] += float(((x.double() - y.double()) ** 2).sum())
-            own = recomputed[self.candidates.index(name)]
+            x = x.float()  # (n, H)
+            self.err[i] += ((ys - x) ** 2).sum(dim=(1, 2)).double()
+            own = ys[self.candidates.index(name)]
             cos = torch.nn.functional.cosine_similarity(x.double(), own.double(), dim=-1)
             self.cos_min[i] = min(self.cos_min[i], float(cos.min()))
             self.cos_sum[i] += float(cos.sum())
