@@ -224,7 +224,9 @@ def verify(
     report = verify_dataset(uri, version=version, endpoint_url=endpoint_url)
     click.echo(report.to_text())
     ok = report.ok
-    if against_target:
+    if against_target and not ok:
+        click.echo("target check skipped: the version's files are damaged")
+    elif against_target:
         from pipeline.regenerate.target_check import check_against_target
 
         check = check_against_target(
