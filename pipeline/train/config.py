@@ -52,7 +52,8 @@ class DraftConfig(ConfigModel):
     intermediate_size: int | None = Field(None, gt=0)
     # Captured aux layer ids the draft reads; None takes them from the dataset.
     aux_layer_ids: list[int] | None = None
-    # Token fed to mask slots (its target embedding row); None: the tokenizer's mask token.
+    # Token fed to mask slots (its target embedding row); None: the tokenizer's mask token,
+    # else the first unused embedding row, pad, EOS or unk (docs/train.md, Mask token).
     mask_token_id: int | None = Field(None, ge=0)
 
     @property

@@ -194,8 +194,8 @@ def _ray_loop(loop_config: dict[str, Any]) -> None:
 
 
 def _mask_token_id(config: TrainConfig, target_dir: Path) -> int:
-    """The token mask slots embed: the config's, else the tokenizer's (kinds without
-    mask slots get 0, an id that is never embedded)."""
+    """The token mask slots embed: the config's, else the tokenizer's or a fallback
+    (kinds without mask slots get 0, an id that is never embedded)."""
     if config.draft.mask_token_id is not None:
         return config.draft.mask_token_id
     if not draft_kind(config.draft.kind).mask_token:

@@ -395,13 +395,42 @@ def load_target_head(
 
 
 def tokenizer_mask_token_id(target_dir: str | Path) -> int:
-    """The mask token of the target's tokenizer (what mask slots embed by default)."""
+    """The token mask slots embed by default: the tokenizer's mask token, else a fallback.
+
+    Many real targets (Llama, Qwen, SmolLM) have no mask token. Then, as the
+    field's trainers do (docs/train.md): the first embedding row no tokenizer
+    token uses (the table is often padded past the tokenizer), else the pad,
+    EOS or unknown token. The draft only needs a fixed row it learns to read
+    as "not drafted yet"; the id goes into the checkpoint and the export, so
+    vLLM feeds the same one.
+    """
+    import logging
+
     from transformers import AutoTokenizer
 
-    mask_id = AutoTokenizer.from_pretrained(target_dir).mask_token_id
-    if mask_id is None:
-        raise ValueError(
-            f"{target_dir}: the tokenizer has no mask token; set draft.mask_token_id "
-            "to an id whose embedding the draft may use for mask slots"
-        )
-    return mask_id
+    from pipeline.targets.resolve import text_config
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    vocab_size = int(text_config(str(target_dir)).vocab_size)
+    candidates = [("mask token", tokenizer.mask_token_id)]
+    if len(tokenizer) < vocab_size:
+        candidates.append(("first unused embedding row", len(tokenizer)))
+    candidates += [
+        ("pad token", tokenizer.pad_token_id),
+        ("EOS token", tokenizer.eos_token_id),
+        ("unknown token", tokenizer.unk_token_id),
+    ]
+    for source, token_id in candidates:
+        if token_id is not None and 0 <= int(token_id) < vocab_size:
+            if source != "mask token":
+                logging.getLogger(__name__).info(
+                    "no mask token in %s: mask slots embed the %s, id %d",
+                    target_dir,
+                    source,
+                    token_id,
+                )
+            return int(token_id)
+    raise ValueError(
+        f"{target_dir}: the tokenizer has no mask, pad, EOS or unknown token and the "
+        "embedding table no unused row; set draft.mask_token_id"
+    )

