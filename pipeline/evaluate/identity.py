@@ -17,11 +17,14 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.errors import PipelineError
+
 STOPPED = -1  # the token of an output that ended without an EOS where the other went on
 
 
-class IdentityMismatch(RuntimeError):
-    """A draft changed the target's greedy output beyond a near-tie flip."""
+class IdentityMismatch(PipelineError):
+    """A draft changed the target's greedy output beyond a near-tie flip (the CLI and
+    jobs.evaluate print the message and exit 1; the report is written first)."""
 
 
 @dataclass(frozen=True)

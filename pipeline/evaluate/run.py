@@ -311,7 +311,7 @@ def serve_drafts(
     sc = config.serving
     assert sc is not None
     picked = _prompts(samples, sc.num_prompts)
-    exports = {n: loaded[n].export_dir for n in names}
+    exports = {n: loaded[n].export_dir if n in loaded else None for n in names}
     offline = {}
     for name, export in exports.items():
         if export is None:
