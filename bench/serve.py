@@ -31,7 +31,9 @@ import argparse
 import json
 import platform
 import re
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -195,7 +197,7 @@ def main() -> None:
     write_section(
         f"bench/serve.py {prefix}",
         f"## Serving speed ({prefix}*): {config.target}\n\n"
-        f"`python bench/serve.py {'--toy' if args.toy else '--config ' + str(args.config)}`; "
+        f"`python bench/serve.py {shlex.join(sys.argv[1:])}`; "
         f"host {figures[f'{prefix}host']}; plot: [figures/{plot.name}](figures/{plot.name}).\n\n"
         + serving_markdown(serving),
     )
