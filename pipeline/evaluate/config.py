@@ -115,6 +115,76 @@ class VllmCheckConfig(ConfigModel):
     timeout_s: float = Field(900, gt=0)
 
 
+class ServedDraft(ConfigModel):
+    """One draft the serving benchmark serves (a curve of the plot)."""
+
+    # Name of a draft in `drafts` with an export directory.
+    name: str
+    # None: the export's speculators_model_type. vLLM's CPU build serves dflash and
+    # eagle3; dspark needs Model Runner V2 (a GPU): on a host without one that curve
+    # is reported as not served, so one config runs on both.
+    method: Literal["dflash", "dspark", "eagle3"] | None = None
+    # None: the export's speculative_tokens.
+    num_speculative_tokens: int | None = Field(None, gt=0)
+
+
+class IdentityCheckConfig(ConfigModel):
+    """T=0: outputs with and without each draft must agree, up to bf16 near-tie flips."""
+
+    enabled: bool = True
+    # Prompts decoded one at a time on each engine (the same batching on both sides).
+    num_prompts: int = Field(4, gt=0)
+    # At the first divergent position the target's fp32 logits (transformers, shared
+    # prefix) decide: both tokens within this many logits of the best is a near-tie
+    # flip; otherwise the draft changed the output and the run fails.
+    near_tie_tolerance: float = Field(0.5, gt=0.0)
+
+
+class ServingConfig(ConfigModel):
+    """Serving speed in vLLM with and without the drafts (pipeline/evaluate/serving.py)."""
+
+    # Drafts to serve; empty: every draft in `drafts` whose path holds an export.
+    drafts: list[ServedDraft] = Field(default_factory=list)
+    # Held-out prompts (first turns, round-robin over domains), as the vLLM check picks them.
+    num_prompts: int = Field(16, gt=0)
+    max_tokens: int = Field(128, gt=0)
+    # Requests in flight at each point of the throughput-vs-interactivity curve.
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
+    # Requests per level: max(num_prompts, this x concurrency), prompts cycled, so
+    # every level keeps its slots full for a while.
+    requests_per_slot: int = Field(2, gt=0)
+    temperature: float = Field(0.0, ge=0.0)
+    # True: every request generates max_tokens (equal lengths across engines).
+    ignore_eos: bool = False
+    num_warmups: int = Field(1, ge=0)
+    identity: IdentityCheckConfig = IdentityCheckConfig()
+    # Engine: one OpenAI-compatible vLLM server per (target, draft), reused across levels.
+    dtype: str = "bfloat16"
+    max_model_len: int = Field(2048, gt=0)
+    # None: vLLM's default on a GPU, 0.2 on vLLM's CPU backend (where it is the
+    # share of host RAM reserved for the KV cache, refused past what is free).
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    enforce_eager: bool = False
+    # Further server flags, e.g. {tensor-parallel-size: 8}.
+    engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    engine_timeout_s: float = Field(900, gt=0)
+
+    @model_validator(mode="after")
+    def _levels(self) -> ServingConfig:
+        if any(c <= 0 for c in self.concurrency) or len(set(self.concurrency)) != len(
+            self.concurrency
+        ):
+            raise ValueError(
+                f"serving.concurrency {self.concurrency}: give distinct positive request counts"
+            )
+        if self.identity.enabled and self.temperature > 0:
+            raise ValueError(
+                "serving.identity compares greedy outputs: set serving.temperature: 0 or "
+                "serving.identity.enabled: false"
+            )
+        return self
+
+
 class EvalConfig(ConfigModel):
     """A whole evaluation run."""
 
@@ -129,6 +199,8 @@ class EvalConfig(ConfigModel):
     calibration: CalibrationConfig = CalibrationConfig()
     # None: no vLLM cross-check.
     vllm: VllmCheckConfig | None = None
+    # None: no serving benchmark.
+    serving: ServingConfig | None = None
     seed: int = 0
     # Torch intra-op threads; 1 avoids OpenMP spin-waiting on small shared machines.
     num_threads: int | None = Field(1, gt=0)
@@ -141,9 +213,27 @@ class EvalConfig(ConfigModel):
             raise ValueError(f"draft names must be unique; repeated: {dupes}")
         if self.vllm is not None and self.vllm.draft not in names:
             raise ValueError(f"vllm.draft {self.vllm.draft!r} is not one of the drafts {names}")
+        served = [d.name for d in self.serving.drafts] if self.serving else []
+        unknown = [n for n in served if n not in names]
+        if unknown:
+            raise ValueError(f"serving.drafts {unknown} are not among the drafts {names}")
         if not any(d.path for d in self.drafts):
             raise ValueError("no draft has a path: nothing to evaluate")
         return self
+
+    def served_drafts(self) -> list[str]:
+        """The drafts the serving benchmark serves: those named in `serving.drafts`, else
+        every trained (not `untrained`) draft with a path, one name per path."""
+        if self.serving is None:
+            return []
+        if self.serving.drafts:
+            return [d.name for d in self.serving.drafts]
+        seen, names = set(), []
+        for d in self.drafts:
+            if d.path is not None and not d.untrained and d.path not in seen:
+                seen.add(d.path)
+                names.append(d.name)
+        return names
 
 
 def parse_eval_config(data: dict[str, Any], source: str = "<dict>") -> EvalConfig:

@@ -2,8 +2,9 @@
 
 Plots: tau per domain for every draft in the config (drafts without a
 checkpoint, e.g. a baseline the project cannot train yet, appear as "n/a"
-so their absence is visible), and conditional acceptance per drafted
-position. matplotlib runs headless (Agg) and is imported only here.
+so their absence is visible), conditional acceptance per drafted
+position, and, with a `serving:` section, throughput against interactivity
+(pipeline/evaluate/serving_report.py). matplotlib runs headless (Agg) and is imported only here.
 """
 
 from __future__ import annotations
@@ -168,6 +169,11 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
             f"{v['relative_gap']:.4f} (tolerance {v['tolerance']}; last-round bound "
             f"{v['end_effect_bound']:.3f}): **{'within' if v['within_tolerance'] else 'OUTSIDE'} tolerance**.",
         ]
+    if report.get("serving"):
+        from pipeline.evaluate.serving_report import serving_markdown
+
+        out += ["", "## Serving speed (vLLM, with and without the drafts)", ""]
+        out.append(serving_markdown(report["serving"]))
     if plots:
         out += ["", "## Plots", ""] + [f"* {k}: `{p}`" for k, p in plots.items()]
     return "\n".join(out) + "\n"
@@ -267,6 +273,12 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, dict[str, Pat
     for temp in temps:
         plots[f"tau per domain, T={temp}"] = plot_tau_by_domain(
             report, out_dir / f"tau_by_domain_t{temp}.png", temperature=temp
+        )
+    if report.get("serving"):
+        from pipeline.evaluate.serving_report import plot_serving
+
+        plots["throughput vs interactivity"] = plot_serving(
+            report["serving"], out_dir / "serving_curve.png"
         )
     report = {**report, "plots": {k: str(p) for k, p in plots.items()}}
     json_path = write_json(report, out_dir / "report.json")

@@ -11,7 +11,9 @@
    reported on the other, stored beside the export; truncation sweep;
 5. T>0: the live loop with rejection sampling (HF reference target);
 6. optionally the vLLM cross-check;
-7. report.json, report.md, PNG plots under `out_dir`.
+7. optionally the serving benchmark (pipeline/evaluate/serving.py): speed in
+   vLLM with and without each exported draft;
+8. report.json, report.md, PNG plots under `out_dir`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ class EvalResult:
                 f"vLLM cross-check: tau {v['vllm_tau']:.3f} vs offline {v['offline_tau']:.3f} "
                 f"(gap {v['relative_gap']:.2%}, tolerance {v['tolerance']:.0%}): "
                 f"{'ok' if v['within_tolerance'] else 'OUTSIDE TOLERANCE'}"
+            )
+        for name, e in (self.report.get("serving") or {}).get("engines", {}).items():
+            if not e.get("served"):
+                lines.append(f"serving {name}: not served ({e['reason']})")
+                continue
+            speedup = e.get("single_stream_speedup")
+            lines.append(
+                f"serving {name}: {e['single_stream']['per_user_tok_s']} tok/s per user single "
+                f"stream" + (f", speedup {speedup}" if speedup is not None else "")
             )
         lines.append(f"report: {self.json_path}, {self.markdown_path}")
         lines += [f"plot ({k}): {p}" for k, p in self.plots.items()]
@@ -266,7 +277,60 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
         ).to_dict()
         report["seconds"] = round(time.monotonic() - started, 1)
         json_path, md_path, plots = write_report(report, Path(config.out_dir))
+    if config.serving is not None:
+        from pipeline.evaluate.identity import IdentityMismatch
+
+        try:
+            report["serving"] = serve_drafts(
+                config, config.served_drafts(), loaded, samples, target_dir
+            )
+        except IdentityMismatch as error:  # the report first, then the loud failure
+            report["serving"] = error.section  # type: ignore[attr-defined]
+            write_report(report, Path(config.out_dir))
+            raise
+        report["seconds"] = round(time.monotonic() - started, 1)
+        json_path, md_path, plots = write_report(report, Path(config.out_dir))
     return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
+
+
+def serve_drafts(
+    config: EvalConfig,
+    names: list[str],
+    loaded: dict[str, LoadedDraft],
+    samples: list[TrainingSample],
+    target_dir: Path,
+) -> dict[str, Any]:
+    """The serving benchmark (pipeline/evaluate/serving.py) on held-out prompts, with each
+    served draft's offline T=0 tau on the same prompts' stored answers beside vLLM's."""
+    import json
+
+    from pipeline.evaluate.drafters.registry import make_drafter
+    from pipeline.evaluate.offline import build_tables, tau, walk_tables
+    from pipeline.evaluate.serving import run_serving
+
+    sc = config.serving
+    assert sc is not None
+    picked = _prompts(samples, sc.num_prompts)
+    exports = {n: loaded[n].export_dir if n in loaded else None for n in names}
+    offline = {}
+    for name, export in exports.items():
+        if export is None:
+            continue
+        served = json.loads((export / "config.json").read_text())["speculators_model_type"]
+        # A DFlash export of a DSpark draft is its backbone: draft offline without the heads.
+        drafter = make_drafter(name, loaded[name], use_heads=served != "dflash")
+        rounds = walk_tables(
+            build_tables(picked, drafter), num_draft_tokens=drafter.num_draft_tokens
+        )
+        offline[name] = round(tau(accepted=rounds.accepted), 4)
+    return run_serving(
+        sc,
+        target_dir=str(target_dir),
+        exports=exports,
+        prompts=[s.input_ids[: s.num_prompt_tokens].tolist() for s in picked],
+        out_dir=Path(config.out_dir),
+        offline_tau=offline,
+    )
 
 
 def evaluate_draft(

@@ -1,0 +1,208 @@
+"""Serving-speed benchmark: the draft's speedup in vLLM, single stream and at matched interactivity.
+
+    .venv/bin/python bench/serve.py --config EVAL.yaml [--set serving.num_prompts=32] \
+        [--prefix real_serve_]
+    .venv/bin/python bench/serve.py --toy [--steps 60] [--set serving.max_tokens=32]
+
+`--config`: an evaluation config with a `serving:` section (the target, its trained
+drafts, the dataset; pipeline/evaluate/serving.py) run as `dspark-targets evaluate`
+runs it; the figures are keyed `real_serve_*` by default. `--toy`: the trained toy
+target, 64 reference conversations, a one-layer DFlash draft trained for `--steps`
+steps, small serving settings; keys `serve_*` (a check that the bench runs, not a
+figure to quote: a draft as deep as a 4-layer toy target cannot pay; docs/evaluate.md
+says why).
+
+Figures (per served draft, `<draft>` its name in lower case with `_`):
+
+* `<p>single_stream_tok_s` (no draft) and `<p><draft>_single_stream_tok_s`;
+* `<p><draft>_single_stream_speedup`, and `<p>best_single_stream_speedup`;
+* `<p><draft>_speedup_at_matched_interactivity` (the best over the curve);
+* `<p><draft>_vllm_tau`, `<p><draft>_offline_tau`, `<p><draft>_speedup_over_tau`;
+* `<p><draft>_identity` (identical / near-tie flips / real divergences);
+* `<p>curves`: every engine's (concurrency, tok/s per user, aggregate tok/s).
+
+The plot goes to bench/figures/<p>curve.png; results merge into bench/results.json
+(this prefix's earlier keys replaced) and a section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results_file import cpu_capability, merge_results, write_section  # bench/ is sys.path[0]
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "bench" / "figures"
+TOY_SERVING = dict(
+    num_prompts=8,
+    max_tokens=64,
+    concurrency=[1, 4, 16],
+    dtype="float32",  # toy drafts are fp32; bf16 is emulated on CPUs without it
+    enforce_eager=True,
+    max_model_len=1024,
+    identity=dict(num_prompts=4),
+)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def toy_config(work: Path, steps: int) -> dict:
+    """Reference shards of the trained toy target and a DFlash draft trained on them."""
+    from pipeline.demo.reference_shards import write_reference_shards
+    from pipeline.train.config import parse_train_config
+    from pipeline.train.trainer import train
+
+    shards = work / "shards"
+    write_reference_shards(shards, num_conversations=64, num_units=2)
+    run = work / "dflash"
+    train(
+        parse_train_config(
+            dict(
+                target="toy:trained",
+                data=dict(uri=str(shards), num_anchors=64, heldout_fraction=0.25, prefetch=1),
+                out_dir=str(run),
+                num_steps=steps,
+                global_batch_size=8,
+                draft=dict(kind="dflash", num_layers=1, block_size=4),
+                optim=dict(lr=3e-3),
+                checkpoint_every=steps,
+                log_every=1000,
+                num_threads=1,
+            )
+        )
+    )
+    return dict(
+        target="toy:trained",
+        drafts=[dict(name="DFlash", path=str(run))],
+        out_dir=str(work / "eval"),
+        calibration=dict(enabled=False),
+        serving=TOY_SERVING,
+    )
+
+
+def figures_of(serving: dict, prefix: str) -> dict:
+    from pipeline.evaluate.serving import BASELINE
+
+    engines = serving["engines"]
+    out: dict = {}
+    base = engines[BASELINE]["single_stream"]["per_user_tok_s"]
+    out[f"{prefix}single_stream_tok_s"] = base
+    speedups = []
+    for name, e in engines.items():
+        if name == BASELINE:
+            continue
+        k = f"{prefix}{_slug(name)}_"
+        if not e.get("served"):
+            out[k + "not_served"] = e["reason"]
+            continue
+        acc = e.get("acceptance") or {}
+        ident = e.get("identity") or {}
+        out.update(
+            {
+                k + "method": e["method"],
+                k + "single_stream_tok_s": e["single_stream"]["per_user_tok_s"],
+                k + "single_stream_speedup": e["single_stream_speedup"],
+                k + "speedup_at_matched_interactivity": e["best_speedup_at_matched_interactivity"],
+                k + "vllm_tau": acc.get("tau"),
+                k + "offline_tau": acc.get("offline_tau"),
+                k + "speedup_over_tau": e["speedup_over_tau"],
+                k + "identity": {
+                    x: ident.get(x)
+                    for x in (
+                        "num_prompts",
+                        "num_identical",
+                        "num_near_tie_flips",
+                        "num_real_divergences",
+                    )
+                },
+                k + "ttft_p50_ms": e["single_stream"]["ttft_ms"]["p50"],
+                k + "tpot_p50_ms": e["single_stream"]["tpot_ms"]["p50"],
+            }
+        )
+        if e["single_stream_speedup"] is not None:
+            speedups.append(e["single_stream_speedup"])
+    out[f"{prefix}best_single_stream_speedup"] = max(speedups) if speedups else None
+    out[f"{prefix}curves"] = {
+        name: [[p["concurrency"], p["per_user_tok_s"], p["aggregate_tok_s"]] for p in e["curve"]]
+        for name, e in engines.items()
+        if e.get("served")
+    }
+    out[f"{prefix}settings"] = {
+        k: serving[k] for k in ("num_prompts", "max_tokens", "temperature", "dtype", "concurrency")
+    }
+    out[f"{prefix}host"] = f"{platform.machine()}, {cpu_capability()}"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="evaluation YAML with a serving: section")
+    source.add_argument("--toy", action="store_true", help="the trained toy target (a smoke run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--prefix", default=None, help="key prefix (real_serve_ / serve_)")
+    parser.add_argument("--steps", type=int, default=60, help="--toy: the draft's training steps")
+    parser.add_argument("--keep", type=Path, default=None, help="--toy: work here and keep it")
+    args = parser.parse_args()
+
+    from pipeline.config import parse_overrides
+    from pipeline.evaluate.config import load_eval_config, parse_eval_config
+    from pipeline.evaluate.run import run_evaluation
+    from pipeline.evaluate.serving_report import plot_serving, serving_markdown
+
+    prefix = args.prefix or ("serve_" if args.toy else "real_serve_")
+    overrides = parse_overrides(args.set)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    started = time.monotonic()
+    try:
+        if args.toy:
+            data = toy_config(work, args.steps)
+            for key, value in overrides.items():  # dotted keys into the toy's dict
+                *path, last = key.split(".")
+                node = data
+                for part in path:
+                    node = node.setdefault(part, {})
+                node[last] = value
+            config = parse_eval_config(data, "bench/serve.py --toy")
+        else:
+            config = load_eval_config(args.config, overrides=overrides)
+        if config.serving is None:
+            raise SystemExit(f"{args.config}: no serving: section to benchmark")
+        result = run_evaluation(config)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    serving = result.report["serving"]
+    figures = figures_of(serving, prefix)
+    figures[f"{prefix}target"] = config.target
+    figures[f"{prefix}seconds"] = round(time.monotonic() - started, 1)
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    plot = plot_serving(
+        serving,
+        FIGURES / f"{prefix}curve.png",
+        title=f"{config.target}: throughput vs interactivity (labels: requests in flight)",
+    )
+    merge_results(figures, replace=(prefix,))
+    write_section(
+        f"bench/serve.py {prefix}",
+        f"## Serving speed ({prefix}*): {config.target}\n\n"
+        f"`python bench/serve.py {shlex.join(sys.argv[1:])}`; "
+        f"host {figures[f'{prefix}host']}; plot: [figures/{plot.name}](figures/{plot.name}).\n\n"
+        + serving_markdown(serving),
+    )
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

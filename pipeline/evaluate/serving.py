@@ -1,0 +1,386 @@
+"""Serving speed with and without each draft: what a user buys (the `serving:` section).
+
+`run_serving` serves the target in vLLM once without a draft and once per
+exported draft, each as vLLM's own OpenAI-compatible server in a child
+process (one engine per (target, draft), reused across every measurement),
+and drives it with vLLM's own benchmark client,
+`vllm.benchmarks.serve.benchmark`: streamed completions whose chunk arrival
+times give time to first token and inter-token latency, `max_concurrency`
+requests in flight on one engine, and the server's speculative-decoding
+counters read from `/metrics` before and after each run (they are
+cumulative). Per engine:
+
+* single stream (one request at a time): tokens/s per user, TTFT and ITL
+  percentiles (the concurrency-1 point of the sweep);
+* a concurrency sweep: aggregate output tokens/s against tokens/s per user,
+  the throughput-vs-interactivity curve;
+* vLLM's acceptance counters: tau (1 + accepted / rounds) and the share of
+  rounds that accepted position k;
+* T=0 identity: the greedy outputs of the first prompts, one request at a
+  time, compared with the plain engine's (pipeline/evaluate/identity.py).
+
+Speedups are read off the curves: single stream (tokens/s per user with the
+draft over without), and at matched interactivity, the draft curve's
+aggregate throughput interpolated at each baseline point's tokens/s per user.
+docs/evaluate.md says how to read them and why this tooling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.evaluate.server import SERVED_NAME, Engine, VllmServer
+from pipeline.logs import kv
+
+if TYPE_CHECKING:
+    from pipeline.evaluate.config import ServingConfig
+
+log = logging.getLogger(__name__)
+
+BASELINE = "no draft"
+_PERCENTILES = (50, 90, 99)
+
+
+def engines_for(config: ServingConfig, exports: dict[str, Path | None]) -> list[Engine | dict]:
+    """The baseline then one Engine per served draft; a draft this host cannot serve is a
+    dict {"name", "reason"} instead (vLLM's dspark method needs a GPU)."""
+    import torch
+
+    served = config.drafts or [
+        {"name": n, "method": None, "num_speculative_tokens": None}
+        for n, d in exports.items()
+        if d is not None
+    ]
+    out: list[Engine | dict] = [Engine(BASELINE)]
+    for entry in served:
+        entry = entry if isinstance(entry, dict) else entry.model_dump()
+        name = entry["name"]
+        draft_dir = exports.get(name)
+        if draft_dir is None:
+            raise ValueError(f"serving.drafts: {name!r} has no export directory to serve")
+        exported = json.loads((Path(draft_dir) / "config.json").read_text())
+        method = entry["method"] or exported["speculators_model_type"]
+        if method != exported["speculators_model_type"]:
+            raise ValueError(
+                f"serving.drafts: method {method!r} cannot serve {draft_dir}, a "
+                f"{exported['speculators_model_type']} export: leave its method unset"
+            )
+        if method == "dspark" and not torch.cuda.is_available():
+            out.append(
+                {
+                    "name": name,
+                    "reason": "vLLM's dspark method needs Model Runner V2 (Triton, a GPU); "
+                    "on CPU serve the draft's DFlash backbone export",
+                }
+            )
+            continue
+        n = (
+            entry["num_speculative_tokens"]
+            or exported["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        )
+        out.append(Engine(name, Path(draft_dir), method, n))
+    return out
+
+
+# -------------------------------------------------------------------- measurement
+
+
+def _percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+    import numpy as np
+
+    if not values:
+        return {f"p{p}": None for p in _PERCENTILES}
+    return {f"p{p}": round(float(np.percentile(values, p)) * scale, 3) for p in _PERCENTILES}
+
+
+def summarize_level(result: dict, concurrency: int) -> dict[str, Any]:
+    """One point of the curve from `vllm.benchmarks.serve.benchmark`'s result."""
+    rates, tpots = [], []
+    for out, lat, ttft in zip(
+        result["output_lens"], result["latencies"], result["ttfts"], strict=True
+    ):
+        if out > 1 and lat > ttft:
+            tpots.append((lat - ttft) / (out - 1))
+            rates.append((out - 1) / (lat - ttft))
+    itls = [x for request in result["itls"] for x in request]
+    level: dict[str, Any] = {
+        "concurrency": concurrency,
+        "num_requests": result["completed"],
+        "seconds": round(result["duration"], 3),
+        "output_tokens": result["total_output_tokens"],
+        "aggregate_tok_s": round(result["output_throughput"], 3),
+        # Decode rate each user sees (tokens after the first over the time after it).
+        "per_user_tok_s": round(sum(rates) / len(rates), 3) if rates else None,
+        "ttft_ms": _percentiles(result["ttfts"]),
+        "tpot_ms": _percentiles(tpots),
+        # vLLM's ITL: the gaps between streamed chunks; with a draft a chunk carries every
+        # token a verification round accepted, so TPOT is the per-token figure.
+        "itl_ms": _percentiles(itls),
+    }
+    if "spec_decode_num_drafts" in result:
+        rounds = result["spec_decode_num_drafts"]
+        level["acceptance"] = {
+            "tau": round(result["spec_decode_acceptance_length"], 4) if rounds else None,
+            "num_rounds": rounds,
+            "num_draft_tokens": result["spec_decode_draft_tokens"],
+            "num_accepted_tokens": result["spec_decode_accepted_tokens"],
+            # Share of rounds whose drafted position k was accepted.
+            "position_rate": [
+                round(r, 4) for r in result.get("spec_decode_per_position_acceptance_rates", [])
+            ],
+        }
+    return level
+
+
+def measure(
+    base_url: str, prompts: list[list[int]], concurrency: int, config: ServingConfig
+) -> dict[str, Any]:
+    """`max(len(prompts), requests_per_slot * concurrency)` requests (prompts cycled),
+    `concurrency` in flight, through vLLM's benchmark client."""
+    import asyncio
+    import contextlib
+    import io
+
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.benchmarks.serve import TaskType, benchmark
+
+    num = max(len(prompts), config.requests_per_slot * concurrency)
+    requests = [
+        SampleRequest(
+            prompt=prompts[i % len(prompts)],
+            prompt_len=len(prompts[i % len(prompts)]),
+            expected_output_len=config.max_tokens,
+        )
+        for i in range(num)
+    ]
+    with contextlib.redirect_stdout(io.StringIO()):  # its printed summary: we keep the dict
+        result = asyncio.run(
+            benchmark(
+                task_type=TaskType.GENERATION,
+                endpoint_type="openai",
+                api_url=base_url + "/v1/completions",
+                base_url=base_url,
+                model_id=SERVED_NAME,
+                model_name=SERVED_NAME,
+                tokenizer=None,  # output lengths come from the server's usage records
+                input_requests=requests,
+                logprobs=None,
+                request_rate=float("inf"),
+                burstiness=1.0,
+                disable_tqdm=True,
+                num_warmups=config.num_warmups,
+                profile=False,
+                selected_percentile_metrics=["ttft", "tpot", "itl"],
+                selected_percentiles=list(_PERCENTILES),
+                ignore_eos=config.ignore_eos,
+                goodput_config_dict={},
+                max_concurrency=concurrency,
+                lora_modules=None,
+                extra_headers=None,
+                extra_body={"temperature": config.temperature},
+                ready_check_timeout_sec=0,
+            )
+        )
+    errors = [e for e in result["errors"] if e]
+    if errors or result["failed"]:
+        raise RuntimeError(
+            f"{result['failed']} of {num} requests failed at concurrency {concurrency}: "
+            f"{errors[:3]}"
+        )
+    return summarize_level(result, concurrency)
+
+
+def greedy_outputs(
+    base_url: str, prompts: list[list[int]], max_tokens: int, ignore_eos: bool
+) -> list[list[int]]:
+    """Generated token ids at T=0, one request at a time (no batching on either side)."""
+    outputs = []
+    for prompt in prompts:
+        body = {
+            "model": SERVED_NAME,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": ignore_eos,
+            "return_token_ids": True,
+        }
+        request = urllib.request.Request(
+            base_url + "/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=600) as r:
+            outputs.append(list(json.loads(r.read())["choices"][0]["token_ids"]))
+    return outputs
+
+
+# -------------------------------------------------------------------------- curves
+
+
+def interpolate(curve: list[dict], x: float) -> float | None:
+    """Aggregate tok/s of `curve` at `x` tokens/s per user (linear between its points);
+    None outside the range the curve measured."""
+    pts = sorted((p["per_user_tok_s"], p["aggregate_tok_s"]) for p in curve if p["per_user_tok_s"])
+    if not pts or not pts[0][0] <= x <= pts[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[0][1]  # a single point, x equal to it
+
+
+def matched_interactivity(baseline: list[dict], drafted: list[dict]) -> list[dict]:
+    """At each measured point of either curve (its tokens/s per user), both curves'
+    aggregate tok/s there (interpolated) and their ratio; None where a curve does not
+    reach that interactivity (a sweep that stops too early leaves no overlap)."""
+    rows = []
+    for source, curve in (("no draft", baseline), ("draft", drafted)):
+        for p in curve:
+            x = p["per_user_tok_s"]
+            if not x:
+                continue
+            b, d = interpolate(baseline, x), interpolate(drafted, x)
+            rows.append(
+                {
+                    "point": f"{source} c={p['concurrency']}",
+                    "per_user_tok_s": x,
+                    "baseline_aggregate_tok_s": None if b is None else round(b, 3),
+                    "draft_aggregate_tok_s": None if d is None else round(d, 3),
+                    "speedup": None if b is None or d is None else round(d / b, 4),
+                }
+            )
+    return sorted(rows, key=lambda r: -r["per_user_tok_s"])
+
+
+def _eos_ids(target_dir: str) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(target_dir) / name
+        if path.exists():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return tuple(sorted(ids))
+
+
+# ------------------------------------------------------------------------- the run
+
+
+def run_serving(
+    config: ServingConfig,
+    *,
+    target_dir: str,
+    exports: dict[str, Path | None],
+    prompts: list[list[int]],
+    out_dir: Path,
+    offline_tau: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Serve and measure (module docstring); returns the report's `serving` section.
+
+    `exports`: draft name -> speculators export directory (None: not exported);
+    `prompts`: held-out prompt token ids; `offline_tau`: the offline T=0 tau of a
+    draft on the same prompts, set beside vLLM's. Server logs go to `out_dir/serving/`.
+    Raises `IdentityMismatch` (section attached as `.section`) when a draft changed the
+    target's greedy output beyond a near-tie flip.
+    """
+    from pipeline.evaluate.identity import IdentityMismatch, TargetLogits, check_identity
+
+    if not prompts:
+        raise ValueError("serving: no held-out prompts to serve")
+    levels = sorted(set(config.concurrency) | {1})
+    idc = config.identity
+    id_prompts = prompts[: idc.num_prompts]
+    logits = TargetLogits(target_dir)
+    section: dict[str, Any] = {
+        "target": str(target_dir),
+        "num_prompts": len(prompts),
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "ignore_eos": config.ignore_eos,
+        "dtype": config.dtype,
+        "concurrency": sorted(config.concurrency),
+        "tooling": "vllm.entrypoints.openai.api_server + vllm.benchmarks.serve.benchmark",
+        "engines": {},
+    }
+    plain_outputs: list[list[int]] | None = None
+    failures: list[str] = []
+    for engine in engines_for(config, exports):
+        if isinstance(engine, dict):
+            section["engines"][engine["name"]] = {"served": False, "reason": engine["reason"]}
+            continue
+        log.info("serving %s", kv(engine=engine.name, method=engine.method or "none"))
+        log_path = out_dir / "serving" / f"{engine.name.replace(' ', '_').replace('/', '_')}.log"
+        with VllmServer(str(target_dir), engine, config, log_path) as server:
+            points = [measure(server.base_url, prompts, c, config) for c in levels]
+            outputs = (
+                greedy_outputs(server.base_url, id_prompts, config.max_tokens, config.ignore_eos)
+                if idc.enabled
+                else None
+            )
+        single = next(p for p in points if p["concurrency"] == 1)
+        entry: dict[str, Any] = {
+            "served": True,
+            "method": engine.method,
+            "draft_dir": str(engine.draft_dir) if engine.draft_dir else None,
+            "num_speculative_tokens": engine.num_speculative_tokens,
+            "engine_start_s": round(server.start_seconds, 1),
+            "single_stream": single,
+            "curve": [p for p in points if p["concurrency"] in config.concurrency],
+        }
+        if engine.draft_dir is None:
+            plain_outputs = outputs
+        else:
+            entry["acceptance"] = {
+                **(single.get("acceptance") or {}),
+                "offline_tau": (offline_tau or {}).get(engine.name),
+            }
+            if outputs is not None and plain_outputs is not None:
+                report = check_identity(
+                    prompts=id_prompts,
+                    plain=plain_outputs,
+                    drafted=outputs,
+                    logits=logits,
+                    tolerance=idc.near_tie_tolerance,
+                    eos_token_ids=_eos_ids(target_dir),
+                )
+                entry["identity"] = report.to_dict()
+                if not report.ok:
+                    failures.append(report.message(engine.name))
+        section["engines"][engine.name] = entry
+        log.info(
+            "served %s",
+            kv(
+                engine=engine.name,
+                single_tok_s=single["per_user_tok_s"],
+                start_s=entry["engine_start_s"],
+            ),
+        )
+    add_speedups(section)
+    if failures:
+        error = IdentityMismatch("\n".join(failures))
+        error.section = section  # type: ignore[attr-defined]
+        raise error
+    return section
+
+
+def add_speedups(section: dict[str, Any]) -> None:
+    """Each served draft's speedups over the baseline, written into its entry."""
+    base = section["engines"].get(BASELINE)
+    if not base:
+        return
+    for name, entry in section["engines"].items():
+        if name == BASELINE or not entry.get("served"):
+            continue
+        b, d = base["single_stream"]["per_user_tok_s"], entry["single_stream"]["per_user_tok_s"]
+        single = round(d / b, 4) if b and d else None
+        entry["single_stream_speedup"] = single
+        tau = (entry.get("acceptance") or {}).get("tau")
+        # How much of the acceptance length turns into speed (1.0: drafting is free).
+        entry["speedup_over_tau"] = round(single / tau, 4) if single and tau else None
+        rows = matched_interactivity(base["curve"], entry["curve"])
+        entry["matched_interactivity"] = rows
+        found = [r["speedup"] for r in rows if r["speedup"] is not None]
+        entry["best_speedup_at_matched_interactivity"] = max(found) if found else None
