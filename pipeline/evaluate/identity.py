@@ -23,8 +23,8 @@ STOPPED = -1  # the token of an output that ended without an EOS where the other
 
 
 class IdentityMismatch(PipelineError):
-    """A draft changed the target's greedy output beyond a near-tie flip (the CLI and
-    jobs.evaluate print the message and exit 1; the report is written first)."""
+    """A draft changed the target's greedy output beyond a near-tie flip (the CLI
+    prints the message and exits 1; the report is written first)."""
 
 
 @dataclass(frozen=True)
