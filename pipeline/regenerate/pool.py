@@ -55,7 +55,7 @@ class PlacementTimeout(PipelineError):
 
 
 def init_ray(config: RayConfig) -> None:
-    """Join the configured cluster, or start a local one (idempotent)."""
+    """Join the configured cluster (`ray.address`, else RAY_ADDRESS), or start a local one (idempotent)."""
     import ray
 
     if ray.is_initialized():
@@ -74,8 +74,12 @@ def init_ray(config: RayConfig) -> None:
         # a local-cluster size would be an error there, so it is ignored.
         if config.num_cpus:
             log.info("ray.num_cpus is ignored: joining the cluster at RAY_ADDRESS")
-    elif config.num_cpus:
-        kwargs["num_cpus"] = config.num_cpus
+    else:
+        # Neither given: start a cluster of our own. Ray would otherwise join whatever
+        # /tmp/ray/ray_current_cluster names, which a crashed run can leave stale.
+        kwargs["address"] = "local"
+        if config.num_cpus:
+            kwargs["num_cpus"] = config.num_cpus
     if config.runtime_env:
         kwargs["runtime_env"] = config.runtime_env
     ray.init(**kwargs)

@@ -17,6 +17,7 @@ them: a run saved under FSDP resumes under DDP or in one process, and back.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +39,10 @@ def train_on_ray(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     if not ray.is_initialized():
-        ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False)
+        # No address: a cluster of our own, never one a stale /tmp/ray file names.
+        address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"
+        num_cpus = config.ray.num_cpus if address == "local" else None
+        ray.init(address=address, num_cpus=num_cpus, include_dashboard=False)
     resources = {"CPU": config.ray.num_cpus_per_worker}
     if config.use_gpu:
         resources["GPU"] = 1
