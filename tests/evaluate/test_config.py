@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.config import ConfigError
@@ -68,3 +70,13 @@ def test_errors_name_the_key_and_the_problem(data, key, problem):
     text = str(err.value)
     assert text.startswith("eval.yaml: invalid config")
     assert f"  {key}: " in text and problem in text
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((Path(__file__).parents[2] / "jobs" / "configs").glob("eval-*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_cluster_eval_configs_parse(path):
+    config = load_eval_config(path)
+    assert config.drafts, f"{path.name}: no drafts to evaluate"

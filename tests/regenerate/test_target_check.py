@@ -21,7 +21,7 @@ from click.testing import CliRunner
 @pytest.fixture(scope="module")
 def good_dataset(tmp_path_factory, trained_target_dir) -> Path:
     from pipeline.demo.reference_shards import write_reference_shards
-    from pipeline.threads import torch_threads
+    from pipeline.torch_threads import torch_threads
 
     uri = tmp_path_factory.mktemp("target-check") / "good"
     with torch_threads(1):
