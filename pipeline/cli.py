@@ -189,7 +189,7 @@ ENDPOINT_OPTION = click.option(
 @ENDPOINT_OPTION
 def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance."""
-    from pipeline.shards.tools import inspect_dataset
+    from pipeline.shards.inspection import inspect_dataset
 
     click.echo(inspect_dataset(uri, version=version, endpoint_url=endpoint_url).to_text())
 
@@ -202,7 +202,7 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
 @ENDPOINT_OPTION
 def verify(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """Re-hash and decode every shard of a dataset version; exit 1 naming corrupt shards."""
-    from pipeline.shards.tools import verify_dataset
+    from pipeline.shards.inspection import verify_dataset
 
     report = verify_dataset(uri, version=version, endpoint_url=endpoint_url)
     click.echo(report.to_text())
@@ -274,7 +274,7 @@ def gc(
     stale multipart uploads are aborted; with --keep-versions, the roots of
     older unpinned versions go, and the files only they named.
     """
-    from pipeline.shards.tools import gc_dataset
+    from pipeline.shards.gc import gc_dataset
 
     report = gc_dataset(
         uri,

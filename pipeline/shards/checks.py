@@ -15,7 +15,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from pipeline.shards.model import (
+from pipeline.shards.schema import Provenance
+from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index, index_from_parquet
+from pipeline.shards.versions import (
     DatasetError,
     DuplicateSampleError,
     Lineage,
@@ -23,11 +25,9 @@ from pipeline.shards.model import (
     Manifest,
     ShardEntry,
 )
-from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index, index_from_parquet
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike
+    from pipeline.shards.versions import DatasetLike
     from pipeline.shards.writer import ShardInfo
 
 

@@ -39,7 +39,14 @@ from pipeline.shards.checks import (
     mismatch,
     range_index,
 )
-from pipeline.shards.model import (
+from pipeline.shards.schema import Provenance
+from pipeline.shards.segments import TOP_LEVEL, Drop, Segment, merge, run_to_merge
+from pipeline.shards.sidecar import (
+    SampleIndex,
+    key_hex,
+    sidecar_key,
+)
+from pipeline.shards.versions import (
     HISTORY_LENGTH,
     CommitConflict,
     DatasetError,
@@ -49,17 +56,10 @@ from pipeline.shards.model import (
     ShardEntry,
     Totals,
 )
-from pipeline.shards.schema import Provenance
-from pipeline.shards.segments import TOP_LEVEL, Drop, Segment, merge, run_to_merge
-from pipeline.shards.sidecar import (
-    SampleIndex,
-    key_hex,
-    sidecar_key,
-)
 from pipeline.storage import AlreadyExists
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike
+    from pipeline.shards.versions import DatasetLike
     from pipeline.shards.writer import ShardInfo
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def commit(
     session: str | None,
 ) -> Manifest:
     from pipeline.shards.card import write_card
-    from pipeline.shards.model import manifest_key
+    from pipeline.shards.versions import manifest_key
 
     parent = ds.manifest(parent_version) if parent_version is not None else None
     prov = provenance or (

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from pipeline.shards.lease import CLOCK_MARGIN_S, SESSIONS_PREFIX, live_sessions, pinned_versions
 from pipeline.shards.manifest import Dataset, DatasetError, manifest_key
-from pipeline.shards.model import parse_root
 from pipeline.shards.segments import SEGMENT_PREFIX
 from pipeline.shards.sidecar import SIDECAR_PREFIX
+from pipeline.shards.versions import parse_root
 from pipeline.shards.writer import SHARD_PREFIX
 from pipeline.storage import ObjectInfo, UploadInfo
 

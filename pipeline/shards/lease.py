@@ -40,7 +40,7 @@ from pipeline.errors import PipelineError
 from pipeline.storage import AlreadyExists, PreconditionFailed
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike
+    from pipeline.shards.versions import DatasetLike
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.shards.model import (
+from pipeline.shards.schema import Provenance
+from pipeline.shards.segments import Segment, apply
+from pipeline.shards.sidecar import SampleIndex, index_from_parquet
+from pipeline.shards.versions import (
     ERRORS_PREFIX,
     LATEST_KEY,
     MANIFEST_FORMAT,
@@ -59,9 +62,6 @@ from pipeline.shards.model import (
     manifest_key,
     parse_root,
 )
-from pipeline.shards.schema import Provenance
-from pipeline.shards.segments import Segment, apply
-from pipeline.shards.sidecar import SampleIndex, index_from_parquet
 from pipeline.shards.writer import ShardInfo, ShardWriter
 from pipeline.storage import PreconditionFailed, Storage, open_storage
 

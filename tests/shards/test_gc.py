@@ -8,10 +8,11 @@ import time
 import pytest
 import torch
 
+from pipeline.shards.gc import gc_dataset
+from pipeline.shards.inspection import verify_dataset
 from pipeline.shards.lease import WriteSession
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
-from pipeline.shards.tools import gc_dataset, verify_dataset
 from pipeline.storage.s3 import S3Storage
 
 from .helpers import write_unit
