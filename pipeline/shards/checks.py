@@ -117,18 +117,6 @@ def check_no_repeats(indexes: dict[str, SampleIndex]) -> None:
             seen[sid] = path
 
 
-def range_index(manifest: Manifest | None) -> RangeIndex | None:
-    """The version's shards by key range (built once per version, then derived commit by commit)."""
-    if manifest is None:
-        return None
-    index = manifest.__dict__.get("_range_index")
-    if index is None:
-        buckets = manifest.lineage.num_buckets if manifest.lineage else 1
-        index = RangeIndex.build(manifest.entries.values(), buckets)
-        manifest.__dict__["_range_index"] = index
-    return index
-
-
 def check_against_parent(
     ds: DatasetLike,
     base: Mapping[str, ShardEntry],

@@ -210,12 +210,13 @@ class S3Storage:
             return None
         return data, raw["ETag"]
 
-    def put_if_match(self, key: str, data: bytes, tag: str | None) -> None:
+    def put_if_match(self, key: str, data: bytes, tag: str | None) -> str:
+        """Replace `key` if its ETag is still `tag` (None: if absent); the new ETag."""
         cond = {"IfMatch": tag} if tag is not None else {"IfNoneMatch": "*"}
 
-        def put() -> None:
+        def put() -> dict:
             try:
-                self.fs.call_s3(
+                return self.fs.call_s3(
                     "put_object", Bucket=self.bucket, Key=self._key(key), Body=data, **cond
                 )
             except Exception as err:
@@ -226,11 +227,12 @@ class S3Storage:
                 raise
 
         try:
-            self.retry.call("put_if_match", put)
+            return self.retry.call("put_if_match", put)["ETag"]
         except PreconditionFailed:
             current = self.read_tagged(key)
             if current is None or current[0] != data:
                 raise
+            return current[1]  # a retried PUT whose first attempt landed: our object
 
     def delete(self, key: str) -> None:
         self.retry.call("delete", lambda: self.fs.rm_file(self._path(key)))

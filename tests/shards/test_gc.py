@@ -101,11 +101,12 @@ def test_gc_keeps_a_segment_that_a_retried_commit_reuses_while_gc_runs(root, mon
         ds.commit([info], parent_version=1, fence=lost)  # leaves a sidecar and a segment
     left = {o.key for o in ds.storage.list("manifests/segments/")}
     assert left and ds.latest_version() == 1
-    real = gc_module._referenced
+    real, retried = gc_module._referenced, []
 
     def referenced_then_the_retry_commits(*args, **kwargs):
         out = real(*args, **kwargs)  # gc has decided what is referenced...
-        Dataset.open(root).commit([info], parent_version=1)  # ...the retry reuses the files
+        if not retried:  # ...the retry reuses the files
+            retried.append(Dataset.open(root).commit([info], parent_version=1))
         return out
 
     monkeypatch.setattr(gc_module, "_referenced", referenced_then_the_retry_commits)
@@ -115,3 +116,28 @@ def test_gc_keeps_a_segment_that_a_retried_commit_reuses_while_gc_runs(root, mon
     got = {s.sample_id for s in ShardReader(root, prefetch=0)}
     assert {s.sample_id for s in samples} <= got
     assert verify_dataset(root).ok
+
+
+def test_a_reused_segment_deleted_before_the_commit_point_is_put_back(root):
+    """The other order: gc read the versions before the retry's root landed, and deletes
+    the reused segment just before the commit point; the commit puts it back."""
+    from pipeline.shards.lease import LeaseLost
+
+    ds = Dataset.open(root)
+    ds.commit([write_unit(ds, "unit-a", 2)[0]])
+    info, samples = write_unit(ds, "unit-b", 3)
+
+    def lost():
+        raise LeaseLost("injected: the first attempt stops at its fence")
+
+    with pytest.raises(LeaseLost):
+        ds.commit([info], parent_version=1, fence=lost)
+    left = [o.key for o in ds.storage.list("manifests/segments/")]
+
+    def gc_deletes():
+        for key in left:
+            ds.storage.delete(key)
+
+    Dataset.open(root).commit([info], parent_version=1, fence=gc_deletes)
+    assert all(ds.storage.exists(key) for key in left)
+    assert {s.sample_id for s in samples} <= {s.sample_id for s in ShardReader(root, prefetch=0)}

@@ -14,10 +14,7 @@ from pipeline.shards.lease import (
     WriteSession,
     lease_holder,
     live_sessions,
-    pin_version,
-    pinned_versions,
     read_lease,
-    unpin_version,
 )
 from pipeline.shards.manifest import Dataset
 
@@ -91,18 +88,6 @@ def test_heartbeats_keep_a_long_run_alive(tmp_path, monkeypatch):
         time.sleep(1.5)  # more than twice the ttl
         session.check()
         assert lease_holder(ds).session == session.id
-
-
-def test_pins(root):
-    ds = Dataset.open(root)
-    pin_version(ds, 3, "train-run-7", owner="trainer")
-    pin_version(ds, 3, "train-run-7")  # idempotent
-    with pytest.raises(ValueError, match="pins version 3, not 4"):
-        pin_version(ds, 4, "train-run-7")
-    pin_version(ds, 1, "short", ttl_s=-1)  # already expired
-    assert pinned_versions(ds) == {"train-run-7": 3}
-    unpin_version(ds, "train-run-7")
-    assert pinned_versions(ds) == {}
 
 
 class _LostReplies:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pipeline.shards.gc import gc_dataset
-from pipeline.shards.lease import pinned_versions
+from pipeline.shards.pins import pinned_versions
 from pipeline.shards.manifest import Dataset
 from pipeline.storage import UnsafePath
 from pipeline.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
