@@ -354,7 +354,9 @@ class _Commit:
 
         ds = self.ds
         for key, data in self.reused.items():
-            if not ds.storage.exists(key):  # a gc deleted it after reading the versions
+            try:
+                ds.storage.info(key)  # not exists(): it may answer from a listing cache
+            except FileNotFoundError:  # a gc deleted it after reading the versions
                 log.warning("put back %s, deleted while this commit reused it", key)
                 _put_once(ds, key, data, what=key)
         if self.parent_ranges is not None:

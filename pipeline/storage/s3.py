@@ -183,7 +183,11 @@ class S3Storage:
             pass
 
     def put_if_absent(self, key: str, data: bytes) -> None:
+        attempts = 0
+
         def put() -> None:
+            nonlocal attempts
+            attempts += 1
             try:
                 self.fs.call_s3(
                     "put_object", Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
@@ -197,7 +201,8 @@ class S3Storage:
             self.retry.call("put_if_absent", put)
         except AlreadyExists:
             # A retried PUT whose first attempt landed reports 412; that is our object.
-            if self.read_bytes(key) != data:
+            # A 412 on the first attempt is an object that was there before.
+            if attempts == 1 or self.read_bytes(key) != data:
                 raise
 
     def read_tagged(self, key: str) -> tuple[bytes, str] | None:

@@ -141,5 +141,5 @@ def test_a_reused_segment_deleted_before_the_commit_point_is_put_back(root):
             ds.storage.delete(key)
 
     Dataset.open(root).commit([info], parent_version=1, fence=gc_deletes)
-    assert all(ds.storage.exists(key) for key in left)
+    assert all(ds.storage.exists(key) for key in left), [(k, ds.storage.exists(k)) for k in left]
     assert {s.sample_id for s in samples} <= {s.sample_id for s in ShardReader(root, prefetch=0)}
