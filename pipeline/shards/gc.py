@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from pipeline.shards.lease import CLOCK_MARGIN_S, SESSIONS_PREFIX, live_sessions
 from pipeline.shards.manifest import Dataset, DatasetError, manifest_key
-from pipeline.shards.pins import pinned_versions
+from pipeline.shards.pins import Pin, read_pins
 from pipeline.shards.segments import SEGMENT_PREFIX
 from pipeline.shards.sidecar import SIDECAR_PREFIX
 from pipeline.shards.versions import parse_root
@@ -147,12 +147,12 @@ def gc_dataset(
     versions = sorted(set(versions) | set(newer))
     if not versions and not objects:
         raise DatasetError(f"{ds.uri}: no dataset here (no manifests, no shards)")
-    pins = pinned_versions(ds, now)
+    pins = read_pins(ds, now)
     if keep_versions is None or not versions:
         retained = list(versions)
     else:
         keep = set(versions[-keep_versions:])
-        keep.update(v for v in pins.values() if v in versions)
+        keep.update(_pinned(pins, versions))
         latest = ds.manifest(versions[-1])
         if latest.last_complete_version in versions:
             keep.add(latest.last_complete_version)
@@ -175,8 +175,8 @@ def gc_dataset(
         for v in expired:
             storage.delete(manifest_key(v))
         # 5. what was pinned or published meanwhile keeps its files
-        pins = pinned_versions(ds, now)
-        rescued = sorted(set(pins.values()) & set(expired))
+        pins = read_pins(ds, now)
+        rescued = sorted(_pinned(pins, expired))
         for v in rescued:
             _put_back(ds, manifest_key(v), roots[v])
         expired = [v for v in expired if v not in rescued]
@@ -191,7 +191,7 @@ def gc_dataset(
             storage.abort_upload(upload)
         for key in dead_sessions:
             storage.delete(key)
-    honoured = tuple(sorted((name, v) for name, v in pins.items() if v in set(retained)))
+    honoured = tuple((p.name, v) for p in pins for v in sorted(set(retained)) if v == p.version)
     return GcReport(
         ds.uri,
         len(versions),
@@ -205,6 +205,10 @@ def gc_dataset(
         delete,
         honoured,
     )
+
+
+def _pinned(pins: list[Pin], versions: list[int]) -> set[int]:
+    return {v for v in versions if any(p.keeps(v) for p in pins)}
 
 
 def _sort_candidates(objects, referenced, protect_from, now, min_age_s):

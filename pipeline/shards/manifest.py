@@ -304,19 +304,32 @@ class Dataset:
             return set()
         return {s.unit_id for s in self.manifest(version).shards}
 
-    def pin(self, version: int, name: str, *, owner: str = "", ttl_s: float | None = None) -> str:
+    def pin(
+        self,
+        version: int,
+        name: str,
+        *,
+        owner: str = "",
+        ttl_s: float | None = None,
+        following: bool = False,
+    ) -> str:
         """Keep `version` from gc under `name` (pins.py); the pin's key.
 
-        The pin is written before the version is read, so a gc running meanwhile
-        either keeps the version or it is gone now (`DatasetError`, pin removed)."""
+        The pin is written before the version's root is looked up (a fresh stat,
+        not the cache), so a gc running meanwhile either keeps the version or it
+        is gone now (`DatasetError`, the pin removed again)."""
         from pipeline.shards.pins import pin_version, unpin_version
 
-        key = pin_version(self, version, name, owner=owner, ttl_s=ttl_s)
+        key = pin_version(self, version, name, owner=owner, ttl_s=ttl_s, following=following)
         try:
-            self.manifest(version)
-        except DatasetError:
+            self.storage.info(manifest_key(version))
+        except FileNotFoundError:
             unpin_version(self, name)
-            raise
+            raise DatasetError(
+                f"{self.uri}: version {version} does not exist ({manifest_key(version)} not "
+                "found; gc may have retired it)"
+            ) from None
+        self.manifest(version)
         return key
 
     def unpin(self, name: str) -> None:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,14 +37,24 @@ if TYPE_CHECKING:
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.versions import DatasetLike
 
+log = logging.getLogger(__name__)
+
 PINS_PREFIX = "_pins/"
 READER_PIN_TTL_S = 7 * 24 * 3600.0  # a reader that dies keeps its version a week, not forever
 
 
 def pin_version(
-    dataset: DatasetLike, version: int, name: str, *, owner: str = "", ttl_s: float | None = None
+    dataset: DatasetLike,
+    version: int,
+    name: str,
+    *,
+    owner: str = "",
+    ttl_s: float | None = None,
+    following: bool = False,
 ) -> str:
-    """Keep `version` from gc under `name` (create-only); the pin's key."""
+    """Keep `version` from gc under `name` (create-only); the pin's key.
+
+    `following`: keep every later version too (a following reader replays them all)."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"pin name {name!r} must be non-empty, without '/' or a leading '.'")
     now = time.time()
@@ -51,6 +63,7 @@ def pin_version(
         "owner": owner,
         "created_at": now,
         "expires_at": now + ttl_s if ttl_s else None,
+        "following": following,
     }
     key = f"{PINS_PREFIX}{name}.json"
     try:
@@ -69,18 +82,34 @@ def unpin_version(dataset: DatasetLike, name: str) -> None:
     dataset.storage.delete(f"{PINS_PREFIX}{name}.json")
 
 
-def pinned_versions(dataset: DatasetLike, now: float | None = None) -> dict[str, int]:
-    """name -> version of every unexpired pin."""
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    version: int
+    following: bool  # every later version is kept too
+
+    def keeps(self, version: int) -> bool:
+        return version == self.version or (self.following and version > self.version)
+
+
+def read_pins(dataset: DatasetLike, now: float | None = None) -> list[Pin]:
+    """Every unexpired pin, by name."""
     now = time.time() if now is None else now
-    out = {}
+    out = []
     for obj in dataset.storage.list(PINS_PREFIX):
         try:
             body = json.loads(dataset.storage.read_bytes(obj.key))
         except (FileNotFoundError, ValueError):
             continue
         if body.get("expires_at") is None or body["expires_at"] > now:
-            out[obj.key[len(PINS_PREFIX) : -len(".json")]] = int(body["version"])
-    return out
+            name = obj.key[len(PINS_PREFIX) : -len(".json")]
+            out.append(Pin(name, int(body["version"]), bool(body.get("following"))))
+    return sorted(out, key=lambda p: p.name)
+
+
+def pinned_versions(dataset: DatasetLike, now: float | None = None) -> dict[str, int]:
+    """name -> version of every unexpired pin."""
+    return {p.name: p.version for p in read_pins(dataset, now)}
 
 
 def release_pins(dataset: DatasetLike, prefix: str) -> list[str]:
@@ -103,19 +132,25 @@ def version_pin(prefix: str, version: int) -> str:
 
 
 @contextlib.contextmanager
-def pinned(dataset: Dataset, version: int, kind: str) -> Iterator[str]:
+def pinned(dataset: Dataset, version: int, kind: str) -> Iterator[str | None]:
     """Pin `version` while the block reads it (`kind`: "export", "evaluate"); the pin's name.
 
     The pin expires after `READER_PIN_TTL_S`, so a reader killed on the way
-    keeps nothing for ever."""
+    keeps nothing for ever. A store this reader may not write to (read-only
+    credentials) gets a warning and no pin."""
     name = f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-    dataset.pin(version, name, owner=kind, ttl_s=READER_PIN_TTL_S)
+    try:
+        dataset.pin(version, name, owner=kind, ttl_s=READER_PIN_TTL_S)
+    except PermissionError as err:
+        log.warning(
+            "could not pin version %d of %s (%s): gc may retire it", version, dataset.uri, err
+        )
+        yield None
+        return
     try:
         yield name
     finally:
         try:
             unpin_version(dataset, name)
         except OSError as err:  # the pin expires by itself
-            import logging
-
-            logging.getLogger(__name__).warning("could not remove pin %s: %s", name, err)
+            log.warning("could not remove pin %s: %s", name, err)

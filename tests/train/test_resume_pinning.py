@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from pipeline.shards.gc import gc_dataset
-from pipeline.shards.pins import pinned_versions
 from pipeline.shards.manifest import Dataset
+from pipeline.shards.pins import pinned_versions
 from pipeline.storage import UnsafePath
 from pipeline.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.train.data import TrainingData
@@ -74,8 +74,8 @@ def test_a_run_pins_its_version_against_gc_until_it_is_finished(own_shards, tmp_
     resumed = train(_config(own_shards, tmp_path / "cut"), export=False)  # reads version 1
     assert [m["step"] for m in resumed.metrics] == list(range(1, 9))
     assert pinned_versions(ds) == {}  # finished: released
-    gc_dataset(str(own_shards), keep_versions=1, delete=True, min_age_s=0)
-    assert not ds.storage.exists(gone.path)
+    report = gc_dataset(str(own_shards), keep_versions=1, delete=True, min_age_s=0)
+    assert report.pins == () and name not in report.to_text()
 
 
 FIXTURE_SPEC = Path(__file__).resolve().parents[1] / "fixtures/drafts_v0/dflash/checkpoints"
