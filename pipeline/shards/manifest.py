@@ -7,11 +7,11 @@ Layout of a dataset root (local directory or s3://bucket/prefix):
     manifests/v000001.json            one root per version (create-only, never modified)
     manifests/segments/*.json         immutable lists of shard entries the roots name (segments.py)
     _latest                           {"version": N}: pointer to the newest version
-    _lease, _sessions/, _pins/        writer lease, live write sessions, reader pins (lease.py)
+    _lease, _sessions/, _pins/        writer lease, write sessions (lease.py), reader pins (pins.py)
     README.md                         the dataset card, rewritten at every commit (card.py)
     errors/<name>.jsonl               rows a run could not use, with the reason (no manifest names them)
 
-Protocol (the Delta/Iceberg/Lance pattern, DESIGN.md §5):
+Protocol (the Delta/Iceberg/Lance pattern):
 
 1. Writers put shards create-only; a shard no manifest names does not exist for readers.
 2. A commit (commit.py) reads the parent version, checks the new shards at the

@@ -1,4 +1,4 @@
-"""What a dataset version holds, as data and JSON: shard entries, lineages, totals, manifests (formats 1 and 2).
+"""What a dataset version holds: shard entries, lineages, totals, manifests (formats 1 and 2).
 
 Manifest format 1 (datasets written before lineages) lists every shard in the
 version's one JSON file. Format 2 keeps that file, `manifests/v<N>.json` (the
