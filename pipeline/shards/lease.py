@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -94,7 +94,8 @@ class LeaseRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LeaseRecord:
-        return cls(**json.loads(data))
+        body = json.loads(data)  # fields a newer writer added are left out
+        return cls(**{f.name: body[f.name] for f in fields(cls) if f.name in body})
 
 
 def read_lease(dataset: DatasetLike) -> LeaseRecord | None:
