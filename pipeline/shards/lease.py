@@ -182,8 +182,6 @@ class WriteSession:
                     raise
                 time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
         self._write_session_record()
-        if self.took_over is not None:
-            self._seal()
         self._thread = threading.Thread(
             target=_heartbeat_loop,
             args=(weakref.ref(self), self._stop, self.ttl_s / 3),
@@ -191,6 +189,12 @@ class WriteSession:
             daemon=True,
         )
         self._thread.start()
+        if self.took_over is not None:
+            try:
+                self._seal()
+            except BaseException:
+                self.close()
+                raise
         log.info(
             "write session started session=%s owner=%s uri=%s",
             self.id,
