@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline.shards.inspection import verify_dataset
 from pipeline.shards.manifest import Dataset, DatasetError
 
 from .helpers import write_unit
@@ -24,3 +25,5 @@ def test_a_sidecar_edited_into_valid_json_is_refused_before_a_commit_trusts_it(r
     with pytest.raises(DatasetError, match=f"{entry.sidecar}.*sha256"):
         fresh.commit([again])
     assert fresh.latest_version() == 1  # nothing published: no sample listed twice
+    report = verify_dataset(root)
+    assert not report.ok and "sha256" in report.to_text()
