@@ -1,6 +1,6 @@
 """The reliability figures: run the chaos and bad-input suites, write their table.
 
-    python bench/reliability.py            # runs the suites (~10 min here), then the table
+    python bench/reliability.py            # runs the suites and the soak (~12 min here), then the table
     python bench/reliability.py --render   # the table again from bench/reliability.jsonl
 
 The suites' tests call `tests/reliability.py:record` with what they did and
@@ -31,7 +31,8 @@ def run_suites() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "lines.jsonl"
         env = {**os.environ, "DSPARK_RELIABILITY_RESULTS": str(out)}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES]
+        # -m "": the soak (marker `soak`, deselected in `make test`) runs here too.
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", *SUITES]
         code = subprocess.call(cmd, cwd=ROOT, env=env)
         if code != 0:
             raise SystemExit(f"the suites failed (pytest exit {code}); figures left as they were")
@@ -46,6 +47,7 @@ def _cell(value: object) -> str:
 
 def render(lines: list[dict]) -> str:
     chaos = [r for r in lines if r["suite"] == "chaos"]
+    soak = [r for r in lines if r["suite"] == "soak"]
     bad = [r for r in lines if r["suite"] == "bad-input"]
     out = ["### Chaos suite (`tests/chaos`)", ""]
     cols = [
@@ -63,6 +65,7 @@ def render(lines: list[dict]) -> str:
     out.append("|" + "---|" * len(cols))
     for r in sorted(chaos, key=lambda r: r["case"]):
         out.append("| " + " | ".join(_cell(r.get(key, "")) for key, _ in cols) + " |")
+    out += _soak(soak)
     total = [r for r in bad if r["case"] == "all sources together"]
     kinds = sorted((r for r in bad if r not in total), key=lambda r: r["case"])
     out += ["", "### Bad-input suite (`tests/corpus/test_bad_inputs.py`)", ""]
@@ -79,6 +82,38 @@ def render(lines: list[dict]) -> str:
             f"{r['good_rows_lost']} lost; the load {r['result']}."
         )
     return "\n".join(out)
+
+
+SOAK_FIGURES = [
+    ("seconds", "seconds"),
+    ("versions_published", "versions published"),
+    ("versions_checked", "versions checked (every invariant, each version)"),
+    ("commits", "commits by the two writers"),
+    ("commits_refused", "commits refused (lease lost, conflict, fenced off)"),
+    ("s3_calls", "S3 calls"),
+    ("faults_injected", "faults injected"),
+    ("pauses_past_the_lease", "pauses past the lease"),
+    ("takeovers", "takeovers"),
+    ("fencing_versions", "fencing versions"),
+    ("gc_runs", "gc runs"),
+    ("gc_versions_retired", "versions retired by gc"),
+    ("gc_files_deleted", "files deleted by gc"),
+    ("gc_pins_honoured", "pins honoured by gc (sum over runs)"),
+    ("versions_followed", "versions read by the follower"),
+    ("exports", "exports"),
+    ("samples_committed", "samples committed"),
+    ("violations", "violations"),
+]
+
+
+def _soak(soak: list[dict]) -> list[str]:
+    if not soak:
+        return []
+    out = ["", "### Lifecycle soak (`tests/chaos/test_soak.py`)", ""]
+    out += ["| figure | value |", "|---|---|"]
+    for r in soak:
+        out += [f"| {title} | {_cell(r.get(key, ''))} |" for key, title in SOAK_FIGURES]
+    return out
 
 
 def write_doc(table: str) -> None:

@@ -287,7 +287,7 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
     Example:
       dspark-targets inspect runs/demo/dataset
     """
-    from pipeline.shards.tools import inspect_dataset
+    from pipeline.shards.inspection import inspect_dataset
 
     report = inspect_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
     if report.manifest is None:
@@ -329,7 +329,7 @@ def verify(
       dspark-targets verify s3://bucket/datasets/qwen3-8b --version 3
       dspark-targets verify runs/demo/dataset --against-target --samples 4
     """
-    from pipeline.shards.tools import verify_dataset
+    from pipeline.shards.inspection import verify_dataset
 
     report = verify_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
     click.echo(report.to_text())
@@ -431,7 +431,7 @@ def gc(
     Example:
       dspark-targets gc runs/demo/dataset --keep-versions 2 --delete
     """
-    from pipeline.shards.tools import gc_dataset
+    from pipeline.shards.gc import gc_dataset
 
     report = gc_dataset(
         check_dataset_uri(uri),

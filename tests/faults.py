@@ -228,9 +228,9 @@ class FullDisk:
         self._spend(len(data))
         self._inner.put_if_absent(key, data)
 
-    def put_if_match(self, key: str, data: bytes, tag: str | None) -> None:
+    def put_if_match(self, key: str, data: bytes, tag: str | None) -> str:
         self._spend(len(data))
-        self._inner.put_if_match(key, data, tag)
+        return self._inner.put_if_match(key, data, tag)
 
 
 class _Spending:

@@ -38,7 +38,7 @@ def run_demo(
     from pipeline.corpus.synthetic import write_corpus
     from pipeline.regenerate.config import load_config
     from pipeline.regenerate.run import run_regenerate
-    from pipeline.shards.tools import inspect_dataset
+    from pipeline.shards.inspection import inspect_dataset
     from pipeline.targets.resolve import resolve_model
 
     console = Console()

@@ -104,11 +104,8 @@ def _heldout_fraction(config: EvalConfig, train_configs: dict[str, dict]) -> flo
 
 def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict, target_dir: Path):
     """(held-out samples, data description) after the provenance and leakage checks."""
-    import json
-
-    from pipeline.evaluate.offline import inexact_reasons
-    from pipeline.train.config import TrainDataConfig
-    from pipeline.train.data import TrainingData
+    from pipeline.shards.manifest import Dataset
+    from pipeline.shards.pins import pinned
 
     uri = config.data.uri
     if uri is None:
@@ -119,10 +116,23 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
             )
         uri = uris[0]
     frac = _heldout_fraction(config, train_configs)
+    dataset = Dataset.open(uri, endpoint_url=config.data.endpoint_url)
+    version = dataset.manifest(config.data.version).version  # the latest, if unset
+    with pinned(dataset, version, "evaluate"):  # gc keeps it while it is read
+        return _load_heldout(config, specs, target_dir, uri, version, frac)
+
+
+def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, version, frac):
+    import json
+
+    from pipeline.evaluate.offline import inexact_reasons
+    from pipeline.train.config import TrainDataConfig
+    from pipeline.train.data import TrainingData
+
     data = TrainingData(
         TrainDataConfig(
             uri=uri,
-            version=config.data.version,
+            version=version,
             endpoint_url=config.data.endpoint_url,
             domains=config.data.domains,
             heldout_fraction=frac,

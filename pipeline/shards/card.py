@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike, Manifest
+    from pipeline.shards.versions import DatasetLike, Manifest
 
 CARD_KEY = "README.md"
 

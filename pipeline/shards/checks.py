@@ -15,7 +15,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from pipeline.shards.model import (
+from pipeline.shards.schema import Provenance
+from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index, index_from_parquet
+from pipeline.shards.versions import (
     DatasetError,
     DuplicateSampleError,
     Lineage,
@@ -23,11 +25,9 @@ from pipeline.shards.model import (
     Manifest,
     ShardEntry,
 )
-from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index, index_from_parquet
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike
+    from pipeline.shards.versions import DatasetLike
     from pipeline.shards.writer import ShardInfo
 
 
@@ -115,18 +115,6 @@ def check_no_repeats(indexes: dict[str, SampleIndex]) -> None:
                     "(two attempts of one unit? commit one of them)"
                 )
             seen[sid] = path
-
-
-def range_index(manifest: Manifest | None) -> RangeIndex | None:
-    """The version's shards by key range (built once per version, then derived commit by commit)."""
-    if manifest is None:
-        return None
-    index = manifest.__dict__.get("_range_index")
-    if index is None:
-        buckets = manifest.lineage.num_buckets if manifest.lineage else 1
-        index = RangeIndex.build(manifest.entries.values(), buckets)
-        manifest.__dict__["_range_index"] = index
-    return index
 
 
 def check_against_parent(

@@ -14,19 +14,27 @@
    shard's are consulted, through their sidecars (cached).
 4. **Drops and removals** are checked against the parent; a shard whose every
    member is dropped is removed instead.
-5. Sidecars, then one level-0 segment, then any merges (segments.py), then
-   the root, create-only: the commit point. `fence()` runs just before it.
+5. Sidecars (their sha256 goes into the entries), then one level-0 segment,
+   then any merges (segments.py), then the root, create-only: the commit
+   point. `fence()` runs just before it.
+6. After the commit point: a segment or sidecar this commit found already
+   written (a retry reusing its first attempt's files) is checked once more
+   and put back if a concurrent gc took it (gc.py re-reads the versions
+   before it deletes; this closes the gap after that read).
 
-Bytes and reads per commit depend on what the commit changes, not on the
-dataset size (bench/commit.py measures it), except once: the first commit on
-top of a format-1 version writes one segment listing the old shards.
+`commit()` runs these as the named steps of one `_Commit`. Bytes and reads per
+commit depend on what the commit changes, not on the dataset size
+(bench/commit.py), except once: the first commit on top of a format-1 version
+writes one segment listing the old shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -37,9 +45,15 @@ from pipeline.shards.checks import (
     index_of,
     lineage_of,
     mismatch,
-    range_index,
 )
-from pipeline.shards.model import (
+from pipeline.shards.schema import Provenance
+from pipeline.shards.segments import TOP_LEVEL, Drop, Segment, merge, run_to_merge
+from pipeline.shards.sidecar import (
+    SampleIndex,
+    key_hex,
+    sidecar_key,
+)
+from pipeline.shards.versions import (
     HISTORY_LENGTH,
     CommitConflict,
     DatasetError,
@@ -49,247 +63,330 @@ from pipeline.shards.model import (
     ShardEntry,
     Totals,
 )
-from pipeline.shards.schema import Provenance
-from pipeline.shards.segments import TOP_LEVEL, Drop, Segment, merge, run_to_merge
-from pipeline.shards.sidecar import (
-    SampleIndex,
-    key_hex,
-    sidecar_key,
-)
 from pipeline.storage import AlreadyExists
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike
+    from pipeline.shards.versions import DatasetLike
     from pipeline.shards.writer import ShardInfo
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """What `Dataset.commit` was asked to publish (its docstring says what each field means)."""
+
+    shards: tuple[ShardInfo, ...]
+    parent_version: int | None
+    drop: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    remove: tuple[str, ...] = ()
+    provenance: Provenance | None = None
+    new_lineage: bool = False
+    num_buckets: int | None = None
+    fence: Callable[[], None] | None = None
+    complete: bool = False
+    session: str | None = None
+    fencing: bool = False  # an empty version that fences off an old lease holder (lease.py)
+
+
+def commit(ds: DatasetLike, request: CommitRequest) -> Manifest:
+    """Publish the next version (the module docstring lists the steps)."""
+    c = _Commit(ds, request)
+    c.resolve_parent()
+    c.check_new_shards()
+    c.check_drops_and_removals()
+    c.write_sidecars()
+    c.write_segments()
+    manifest = c.build_manifest()
+    c.publish(manifest)
+    c.after_publish(manifest)
+    return manifest
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def commit(
-    ds: DatasetLike,
-    shards: list[ShardInfo],
-    *,
-    drop: dict[str, set[str]],
-    remove: list[str],
-    parent_version: int | None,
-    provenance: Provenance | None,
-    new_lineage: bool,
-    num_buckets: int | None,
-    fence: Callable[[], None] | None,
-    complete: bool,
-    session: str | None,
-) -> Manifest:
-    from pipeline.shards.card import write_card
-    from pipeline.shards.model import manifest_key
+class _Commit:
+    """The working state of one commit, step by step; nothing here outlives it."""
 
-    parent = ds.manifest(parent_version) if parent_version is not None else None
-    prov = provenance or (
-        shards[-1].provenance if shards else parent.provenance if parent else None
-    )
-    if prov is None:
-        raise ValueError("commit of an empty first version needs `provenance`")
-    version = (parent_version or 0) + 1
-    carry = parent is not None and not new_lineage
-    lineage = lineage_of(ds, parent if carry else None, prov, version, num_buckets)
-    base: Mapping[str, ShardEntry] = parent.entries if carry else {}  # never modified
+    def __init__(self, ds: DatasetLike, request: CommitRequest) -> None:
+        self.ds, self.req = ds, request
+        self.indexes: dict[str, SampleIndex] = {}  # new shards' members
+        self.infos: dict[str, ShardInfo] = {}
+        self.drop_rows: dict[str, tuple[set[str], int]] = {}  # path -> (ids, rows of the file)
+        self.removed: set[str] = set()
+        self.new_entries: list[ShardEntry] = []
+        self.refs: list[SegmentRef] = []
+        self.delta_key: str | None = None
+        self.reused: dict[str, bytes] = {}  # files found already written: key -> their bytes
 
-    # -- new shards: provenance, files, members
-    indexes: dict[str, SampleIndex] = {}
-    infos: dict[str, ShardInfo] = {}
-    for info in shards:
-        if info.provenance.lineage_key() != lineage.key:
-            raise mismatch(ds, lineage, parent, prov, info.provenance, f"shard {info.path}")
-        old = base.get(info.path)
-        if old is not None:
-            if old.sha256 != info.sha256:
-                raise ImmutableShardError(
-                    f"{ds.shard_url(info.path)} is committed in version {parent_version} with "
-                    f"sha256 {old.sha256[:12]}..., this commit names {info.sha256[:12]}...: "
-                    "committed data files are immutable"
-                )
-            continue  # committed already (a retried commit): nothing to add
-        if info.path in indexes:
-            continue  # the same shard twice in one call
-        check_written(ds, info)
-        indexes[info.path], infos[info.path] = index_of(ds, info), info
-    check_no_repeats(indexes)
+    # ------------------------------------------------------------------ steps
 
-    # -- drops and removals of parent shards
-    drop_rows: dict[str, tuple[set[str], int]] = {}
-    removed: set[str] = set()
-    for path in remove:
-        if path not in base:
-            raise DatasetError(f"cannot remove {path!r}: version {parent_version} does not name it")
-        removed.add(path)
-    for path, ids in drop.items():
-        if not ids:
-            continue
-        entry = base.get(path)
-        if entry is None or path in removed:
-            raise DatasetError(
-                f"cannot drop rows of {path!r}: version {parent_version} does not name it"
-            )
-        index = ds.sample_index(entry)
-        live = index.member_ids() - set(entry.dropped)
-        unknown = sorted(ids - live)
-        if unknown:
-            raise DatasetError(
-                f"cannot drop {unknown[:3]} from {path}: not live members of it in version "
-                f"{parent_version}"
-            )
-        if ids == live:
-            removed.add(path)  # every member gone: the whole shard goes
-            continue
-        rows = sum(1 for r in index.rows if r.sample_id in ids)
-        drop_rows[path] = (ids, rows)
-
-    parent_ranges = range_index(parent) if carry else None
-    check_against_parent(ds, base, parent_ranges, indexes, removed, drop)
-
-    # -- totals, entries, sidecars
-    totals = _totals(ds, parent if carry else None, base)
-    counts = _Counts.of(totals)
-    for path, index in indexes.items():
-        counts.add_rows(index.rows, +1)
-        counts.bytes += infos[path].bytes
-        counts.shards += 1
-        counts.stored_rows += len(index.rows)
-    for path, (ids, _) in drop_rows.items():
-        counts.add_rows([r for r in ds.sample_index(base[path]).rows if r.sample_id in ids], -1)
-    for path in removed:
-        entry = base[path]
-        dropped = set(entry.dropped)
-        live_rows = [r for r in ds.sample_index(entry).rows if r.sample_id not in dropped]
-        counts.add_rows(live_rows, -1)
-        counts.bytes -= entry.bytes
-        counts.shards -= 1
-        counts.stored_rows -= entry.rows
-
-    new_entries = []
-    for path, index in indexes.items():
-        info = infos[path]
-        key_range = index.key_range()
-        entry = ShardEntry(
-            path=path,
-            unit_id=info.unit_id,
-            rows=info.rows,
-            tokens=info.tokens,
-            bytes=info.bytes,
-            sha256=info.sha256,
-            codec=info.codec,
-            schema_version=info.schema_version,
-            identity=info.provenance.identity_key(),
-            sidecar=sidecar_key(path),
-            key_lo=key_hex(key_range[0]) if key_range else None,
-            key_hi=key_hex(key_range[1]) if key_range else None,
-            version=version,
+    def resolve_parent(self) -> None:
+        """The parent version, the provenance, the lineage and the entries carried over."""
+        ds, req = self.ds, self.req
+        self.parent = ds.manifest(req.parent_version) if req.parent_version is not None else None
+        parent = self.parent
+        prov = req.provenance or (
+            req.shards[-1].provenance if req.shards else parent.provenance if parent else None
         )
-        new_entries.append(entry)
-        _put_sidecar(ds, entry.sidecar, index)
-        ds.cache_index(index)
+        if prov is None:
+            raise ValueError("commit of an empty first version needs `provenance`")
+        self.provenance = prov
+        self.version = (req.parent_version or 0) + 1
+        self.carry = parent is not None and not req.new_lineage
+        carried = parent if self.carry else None
+        self.lineage = lineage_of(ds, carried, prov, self.version, req.num_buckets)
+        self.base: Mapping[str, ShardEntry] = carried.entries if carried else {}  # never modified
+        self.parent_ranges = ds.key_ranges(carried) if carried else None
 
-    entries = dict(base)
-    for entry in new_entries:
-        entries[entry.path] = entry
-    for path, (ids, rows) in drop_rows.items():
-        entries[path] = entries[path].with_drops(ids, rows)
-    for path in removed:
-        del entries[path]
+    def check_new_shards(self) -> None:
+        """Each new shard: the lineage's provenance, its file as written, its members once."""
+        ds = self.ds
+        for info in self.req.shards:
+            if info.provenance.lineage_key() != self.lineage.key:
+                raise mismatch(
+                    ds,
+                    self.lineage,
+                    self.parent,
+                    self.provenance,
+                    info.provenance,
+                    f"shard {info.path}",
+                )
+            old = self.base.get(info.path)
+            if old is not None:
+                if old.sha256 != info.sha256:
+                    raise ImmutableShardError(
+                        f"{ds.shard_url(info.path)} is committed in version "
+                        f"{self.req.parent_version} with sha256 {old.sha256[:12]}..., this "
+                        f"commit names {info.sha256[:12]}...: committed data files are immutable"
+                    )
+                continue  # committed already (a retried commit): nothing to add
+            if info.path in self.indexes:
+                continue  # the same shard twice in one call
+            check_written(ds, info)
+            self.indexes[info.path], self.infos[info.path] = index_of(ds, info), info
+        check_no_repeats(self.indexes)
 
-    # -- segments
-    refs = _base_refs(ds, parent, carry, base)
-    delta = Segment(
-        first_version=version,
-        last_version=version,
-        level=0,
-        shards=tuple(sorted(new_entries, key=lambda e: e.path)),
-        drops=tuple(
-            Drop(p, tuple(sorted(ids)), rows) for p, (ids, rows) in sorted(drop_rows.items())
-        ),
-        removed=tuple(sorted(removed)),
-    )
-    delta_key = None
-    if delta.shards or delta.drops or delta.removed:
-        delta_key, ref = _put_segment(ds, delta)
-        refs.append(ref)
-        while (start := run_to_merge(refs)) is not None:
-            merged = merge([ds.segment(r) for r in refs[start:]])
-            refs[start:] = [_put_segment(ds, merged)[1]]
+    def check_drops_and_removals(self) -> None:
+        """Drops and removals name live members and shards of the parent; no new member is
+        live in the parent unless this commit drops it there."""
+        ds, base, parent_version = self.ds, self.base, self.req.parent_version
+        for path in self.req.remove:
+            if path not in base:
+                raise DatasetError(
+                    f"cannot remove {path!r}: version {parent_version} does not name it"
+                )
+            self.removed.add(path)
+        for path, ids in self.req.drop.items():
+            if not ids:
+                continue
+            entry = base.get(path)
+            if entry is None or path in self.removed:
+                raise DatasetError(
+                    f"cannot drop rows of {path!r}: version {parent_version} does not name it"
+                )
+            index = ds.sample_index(entry)
+            live = index.member_ids() - set(entry.dropped)
+            unknown = sorted(ids - live)
+            if unknown:
+                raise DatasetError(
+                    f"cannot drop {unknown[:3]} from {path}: not live members of it in version "
+                    f"{parent_version}"
+                )
+            if ids == live:
+                self.removed.add(path)  # every member gone: the whole shard goes
+                continue
+            rows = sum(1 for r in index.rows if r.sample_id in ids)
+            self.drop_rows[path] = (set(ids), rows)
+        check_against_parent(
+            ds,
+            base,
+            self.parent_ranges,
+            self.indexes,
+            self.removed,
+            {p: set(ids) for p, ids in self.req.drop.items()},
+        )
 
-    # -- the root: the commit point
-    created = _now()
-    summary = {
-        "version": version,
-        "created_at": created,
-        "shards": counts.shards,
-        "rows": counts.rows,
-        "tokens": counts.tokens,
-        "added_shards": len(new_entries),
-        "dropped_samples": sum(len(ids) for ids, _ in drop_rows.values()),
-        "removed_shards": len(removed),
-    }
-    history = (tuple(parent.history) if carry else ())[-(HISTORY_LENGTH - 1) :] + (summary,)
-    last_complete = version if complete else (parent.last_complete_version if carry else None)
-    schema_version = max(
-        [e.schema_version for e in new_entries]
-        + [parent.schema_version if carry else 1]
-        + [e.schema_version for e in base.values() if not carry]
-    )
-    manifest = Manifest(
-        version=version,
-        parent_version=parent_version,
-        created_at=created,
-        provenance=prov,
-        entries=entries,
-        schema_version=schema_version,
-        lineage=lineage,
-        totals=counts.totals(),
-        segments=tuple(refs),
-        commit={
-            "delta": delta_key,
+    def write_sidecars(self) -> None:
+        """One sidecar per new shard; its sha256 goes into the shard's entry."""
+        for path, index in self.indexes.items():
+            info = self.infos[path]
+            key, data = sidecar_key(path), index.to_json().encode()
+            if _put_once(self.ds, key, data, what=f"{index.shard}'s index"):
+                self.reused[key] = data
+            key_range = index.key_range()
+            self.new_entries.append(
+                ShardEntry(
+                    path=path,
+                    unit_id=info.unit_id,
+                    rows=info.rows,
+                    tokens=info.tokens,
+                    bytes=info.bytes,
+                    sha256=info.sha256,
+                    codec=info.codec,
+                    schema_version=info.schema_version,
+                    identity=info.provenance.identity_key(),
+                    sidecar=key,
+                    sidecar_sha256=hashlib.sha256(data).hexdigest(),
+                    key_lo=key_hex(key_range[0]) if key_range else None,
+                    key_hi=key_hex(key_range[1]) if key_range else None,
+                    version=self.version,
+                )
+            )
+            self.ds.cache_index(index)
+
+    def write_segments(self) -> None:
+        """The level-0 segment of what changed, then any merges it completes."""
+        self.refs = _base_refs(self, self.parent, self.carry, self.base)
+        delta = Segment(
+            first_version=self.version,
+            last_version=self.version,
+            level=0,
+            shards=tuple(sorted(self.new_entries, key=lambda e: e.path)),
+            drops=tuple(
+                Drop(p, tuple(sorted(ids)), rows)
+                for p, (ids, rows) in sorted(self.drop_rows.items())
+            ),
+            removed=tuple(sorted(self.removed)),
+        )
+        if not (delta.shards or delta.drops or delta.removed):
+            return
+        self.delta_key, ref = self.put_segment(delta)
+        self.refs.append(ref)
+        while (start := run_to_merge(self.refs)) is not None:
+            merged = merge([self.ds.segment(r) for r in self.refs[start:]])
+            self.refs[start:] = [self.put_segment(merged)[1]]
+
+    def build_manifest(self) -> Manifest:
+        """The new version: entries, totals, history, as the root will say."""
+        ds, parent, carry = self.ds, self.parent, self.carry
+        counts = _Counts(_totals(ds, parent if carry else None, self.base))
+        for path, index in self.indexes.items():
+            counts.add_rows(index.rows, +1)
+            counts.bytes += self.infos[path].bytes
+            counts.shards += 1
+            counts.stored_rows += len(index.rows)
+        for path, (ids, _) in self.drop_rows.items():
+            rows = ds.sample_index(self.base[path]).rows
+            counts.add_rows([r for r in rows if r.sample_id in ids], -1)
+        for path in self.removed:
+            entry = self.base[path]
+            dropped = set(entry.dropped)
+            live_rows = [r for r in ds.sample_index(entry).rows if r.sample_id not in dropped]
+            counts.add_rows(live_rows, -1)
+            counts.bytes -= entry.bytes
+            counts.shards -= 1
+            counts.stored_rows -= entry.rows
+        entries = dict(self.base)
+        for entry in self.new_entries:
+            entries[entry.path] = entry
+        for path, (ids, rows) in self.drop_rows.items():
+            entries[path] = entries[path].with_drops(ids, rows)
+        for path in self.removed:
+            del entries[path]
+
+        version, created = self.version, _now()
+        summary = {
+            "version": version,
+            "created_at": created,
+            "shards": counts.shards,
+            "rows": counts.rows,
+            "tokens": counts.tokens,
+            "added_shards": len(self.new_entries),
+            "dropped_samples": sum(len(ids) for ids, _ in self.drop_rows.values()),
+            "removed_shards": len(self.removed),
+        }
+        history = (tuple(parent.history) if carry else ())[-(HISTORY_LENGTH - 1) :] + (summary,)
+        last_complete = (
+            version if self.req.complete else (parent.last_complete_version if carry else None)
+        )
+        schema_version = max(
+            [e.schema_version for e in self.new_entries]
+            + [parent.schema_version if carry else 1]
+            + [e.schema_version for e in self.base.values() if not carry]
+        )
+        record = {
+            "delta": self.delta_key,
             "added_shards": summary["added_shards"],
             "dropped_samples": summary["dropped_samples"],
             "removed_shards": summary["removed_shards"],
-            "new_lineage": lineage.first_version == version,
-            "complete": complete,
-            "session": session,
-        },
-        history=history,
-        last_complete_version=last_complete,
-    )
-    if fence is not None:
-        fence()
-    try:
-        ds.storage.put_if_absent(manifest_key(version), manifest.root_json())
-    except AlreadyExists:
-        raise CommitConflict(
-            f"{ds.uri}: version {version} was committed by another writer while this "
-            f"commit was based on version {parent_version}; this commit published nothing "
-            "(re-read the latest version and commit again)"
-        ) from None
-    if parent_ranges is not None:
-        manifest.__dict__["_range_index"] = parent_ranges.with_changes(new_entries, removed)
-    ds.remember(manifest)
-    log.info(
-        "committed version=%d shards=%d rows=%d tokens=%d new_shards=%d dropped=%d uri=%s",
-        version,
-        len(entries),
-        counts.rows,
-        counts.tokens,
-        len(new_entries),
-        summary["dropped_samples"],
-        ds.uri,
-    )
-    ds.advance_latest(version)
-    try:
-        write_card(ds, manifest)
-    except Exception as err:  # the card is documentation; the version is committed
-        log.warning("could not write the dataset card: %s", err)
-    return manifest
+            "new_lineage": self.lineage.first_version == version,
+            "complete": self.req.complete,
+            "session": self.req.session,
+        }
+        if self.req.fencing:
+            record["fencing"] = True
+        return Manifest(
+            version=version,
+            parent_version=self.req.parent_version,
+            created_at=created,
+            provenance=self.provenance,
+            entries=entries,
+            schema_version=schema_version,
+            lineage=self.lineage,
+            totals=counts.totals(),
+            segments=tuple(self.refs),
+            commit=record,
+            history=history,
+            last_complete_version=last_complete,
+        )
+
+    def publish(self, manifest: Manifest) -> None:
+        """The fence, then the commit point: the root, create-only."""
+        from pipeline.shards.versions import manifest_key
+
+        if self.req.fence is not None:
+            self.req.fence()
+        try:
+            self.ds.storage.put_if_absent(manifest_key(manifest.version), manifest.root_json())
+        except AlreadyExists:
+            raise CommitConflict(
+                f"{self.ds.uri}: version {manifest.version} was committed by another writer "
+                f"while this commit was based on version {self.req.parent_version}; this commit "
+                "published nothing (re-read the latest version and commit again)"
+            ) from None
+
+    def after_publish(self, manifest: Manifest) -> None:
+        """Reused files checked once more, caches, `_latest`, the dataset card."""
+        from pipeline.shards.card import write_card
+
+        ds = self.ds
+        for key, data in self.reused.items():
+            try:
+                ds.storage.info(key)  # not exists(): it may answer from a listing cache
+            except FileNotFoundError:  # a gc deleted it after reading the versions
+                log.warning("put back %s, deleted while this commit reused it", key)
+                _put_once(ds, key, data, what=key)
+        if self.parent_ranges is not None:
+            ranges = self.parent_ranges.with_changes(self.new_entries, self.removed)
+            ds.remember_key_ranges(manifest.version, ranges)
+        ds.remember(manifest)
+        log.info(
+            "committed version=%d shards=%d rows=%d tokens=%d new_shards=%d dropped=%d uri=%s",
+            manifest.version,
+            len(manifest.entries),
+            manifest.totals.rows,
+            manifest.totals.tokens,
+            len(self.new_entries),
+            manifest.commit["dropped_samples"],
+            ds.uri,
+        )
+        ds.advance_latest(manifest.version)
+        try:
+            write_card(ds, manifest)
+        except Exception as err:  # the card is documentation; the version is committed
+            log.warning("could not write the dataset card: %s", err)
+
+    # ------------------------------------------------------------------ writes
+
+    def put_segment(self, seg: Segment) -> tuple[str, SegmentRef]:
+        key, data, ref = seg.encoded()
+        if _put_once(self.ds, key, data, what=key):
+            self.reused[key] = data
+        self.ds.cache_segment(key, seg)
+        return key, ref
 
 
 # --------------------------------------------------------------------------- totals and writes
@@ -340,7 +437,7 @@ def _totals(ds: DatasetLike, parent: Manifest | None, base: Mapping[str, ShardEn
 
 
 def _base_refs(
-    ds: DatasetLike, parent: Manifest | None, carry: bool, base: Mapping[str, ShardEntry]
+    c: _Commit, parent: Manifest | None, carry: bool, base: Mapping[str, ShardEntry]
 ) -> list[SegmentRef]:
     if not carry or parent is None:
         return []
@@ -350,25 +447,20 @@ def _base_refs(
         return []
     # Format-1 parent: its shards become one top-level segment (once).
     seg = Segment(1, parent.version, TOP_LEVEL, tuple(base[p] for p in sorted(base)))
-    return [_put_segment(ds, seg)[1]]
+    return [c.put_segment(seg)[1]]
 
 
-def _put_segment(ds: DatasetLike, seg: Segment) -> tuple[str, SegmentRef]:
-    key, data, ref = seg.encoded()
+def _put_once(ds: DatasetLike, key: str, data: bytes, *, what: str) -> bool:
+    """Create `key` with `data`; True if it was there already with these bytes (reused).
+
+    Segment keys carry their content hash and sidecar keys their shard's
+    name, so an existing file with other bytes is damage, not a retry."""
     try:
         ds.storage.put_if_absent(key, data)
-    except AlreadyExists:
-        pass  # the key is the content hash: an equal segment is there already
-    ds.cache_segment(key, seg)
-    return key, ref
-
-
-def _put_sidecar(ds: DatasetLike, key: str, index: SampleIndex) -> None:
-    data = index.to_json().encode()
-    try:
-        ds.storage.put_if_absent(key, data)
+        return False
     except AlreadyExists:
         if ds.storage.read_bytes(key) != data:
             raise DatasetError(
-                f"{ds.storage.url(key)} exists with other contents than {index.shard}'s index"
+                f"{ds.storage.url(key)} exists with other contents than {what}"
             ) from None
+        return True

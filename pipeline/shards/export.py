@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.shards.manifest import Dataset
+from pipeline.shards.pins import pinned
 
 FORMATS = ("hf-datasets", "speculators")
 
@@ -76,13 +77,15 @@ def export_dataset(
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty: export into a new directory")
     dataset = Dataset.open(uri, endpoint_url=endpoint_url)
-    reader = ShardReader(dataset, version=version, prefetch=2, verify=verify)
-    manifest = reader.manifest
-    out.mkdir(parents=True, exist_ok=True)
-    if format == "hf-datasets":
-        rows = _export_hf(reader, out)
-    else:
-        rows = _export_speculators(reader, out)
+    version = dataset.manifest(version).version  # the latest, if None
+    with pinned(dataset, version, "export"):  # gc keeps it while it is read
+        reader = ShardReader(dataset, version=version, prefetch=2, verify=verify)
+        manifest = reader.manifest
+        out.mkdir(parents=True, exist_ok=True)
+        if format == "hf-datasets":
+            rows = _export_hf(reader, out)
+        else:
+            rows = _export_speculators(reader, out)
     meta = {
         "source": dataset.uri,
         "version": manifest.version,

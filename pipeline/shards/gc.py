@@ -15,8 +15,13 @@ Decided from manifests and session records, never from file age alone:
    newest K, every pinned version and the newest complete one. A file is
    referenced if a retained version names it: its root, its segments, its
    live shards and their sidecars.
-4. Delete (with `delete=True`) the roots of versions no longer retained,
-   then the unreferenced, unprotected files; abort stale uploads.
+4. Delete (with `delete=True`) the roots of versions no longer retained.
+5. Read again, just before deleting files: the pins (a version pinned since
+   step 3 gets its root back and keeps its files; pins.py says why that order
+   is safe) and the versions published since step 3 (a commit may name a
+   file this run found unreferenced: a retried commit reuses the segment and
+   sidecars its first attempt left). What they name is kept.
+6. Delete the unreferenced, unprotected files; abort stale uploads.
 
 `min_age_s` (default one hour) is a second guard for writers that work
 outside any session (direct library use of `Dataset.writer`/`commit`).
@@ -28,11 +33,12 @@ import re
 import time
 from dataclasses import dataclass
 
-from pipeline.shards.lease import CLOCK_MARGIN_S, SESSIONS_PREFIX, live_sessions, pinned_versions
+from pipeline.shards.lease import CLOCK_MARGIN_S, SESSIONS_PREFIX, live_sessions
 from pipeline.shards.manifest import Dataset, DatasetError, manifest_key
-from pipeline.shards.model import parse_root
+from pipeline.shards.pins import Pin, read_pins
 from pipeline.shards.segments import SEGMENT_PREFIX
 from pipeline.shards.sidecar import SIDECAR_PREFIX
+from pipeline.shards.versions import parse_root
 from pipeline.shards.writer import SHARD_PREFIX
 from pipeline.storage import ObjectInfo, UploadInfo
 
@@ -55,6 +61,7 @@ class GcReport:
     expired: tuple[int, ...]  # versions whose roots are removed (retention)
     stale_uploads: tuple[UploadInfo, ...]
     deleted: bool
+    pins: tuple[tuple[str, int], ...] = ()  # (name, version) of every pin honoured
 
     def to_text(self) -> str:
         total = sum(o.size for o in self.garbage)
@@ -63,6 +70,7 @@ class GcReport:
             f"{self.num_referenced} files; {len(self.garbage)} unreferenced file(s), {_mb(total)}"
         ]
         verb = "deleted" if self.deleted else "would delete"
+        lines += [f"  kept version {v} (pinned by {name})" for name, v in self.pins]
         if self.expired:
             lines.append(f"  {verb} the roots of versions {', '.join(map(str, self.expired))}")
         lines += [f"  {verb} {o.key} ({o.size} bytes)" for o in self.garbage]
@@ -139,31 +147,19 @@ def gc_dataset(
     versions = sorted(set(versions) | set(newer))
     if not versions and not objects:
         raise DatasetError(f"{ds.uri}: no dataset here (no manifests, no shards)")
+    pins = read_pins(ds, now)
     if keep_versions is None or not versions:
         retained = list(versions)
     else:
         keep = set(versions[-keep_versions:])
-        keep.update(v for v in pinned_versions(ds, now).values() if v in versions)
+        keep.update(_pinned(pins, versions))
         latest = ds.manifest(versions[-1])
         if latest.last_complete_version in versions:
             keep.add(latest.last_complete_version)
         retained = sorted(keep)
     expired = [v for v in versions if v not in set(retained)]
     referenced = _referenced(ds, versions, retained)
-
-    def protected(mtime: float) -> str | None:
-        if protect_from is not None and mtime >= protect_from - CLOCK_MARGIN_S:
-            return "in_flight"
-        if now - mtime < min_age_s:
-            return "young"
-        return None
-
-    garbage, in_flight, young = [], [], []
-    for obj in objects:
-        if obj.key in referenced or not _is_candidate(obj.key):
-            continue
-        kind = protected(obj.mtime)
-        (in_flight if kind == "in_flight" else young if kind == "young" else garbage).append(obj)
+    garbage, in_flight, young = _sort_candidates(objects, referenced, protect_from, now, min_age_s)
     # An upload's listed start time comes from the server (and some servers fake
     # it), so uploads are aborted only while no session is live at all.
     stale = [] if sessions else [u for u in uploads if now - u.initiated >= min_age_s]
@@ -175,14 +171,27 @@ def gc_dataset(
         and now - o.mtime > CLOCK_MARGIN_S
     ]
     if delete:  # 4. roots first: a crash in between leaves garbage, never a dangling version
+        roots = {v: storage.read_bytes(manifest_key(v)) for v in expired}
         for v in expired:
             storage.delete(manifest_key(v))
-        for obj in garbage:
+        # 5. what was pinned or published meanwhile keeps its files
+        pins = read_pins(ds, now)
+        rescued = sorted(_pinned(pins, expired))
+        for v in rescued:
+            _put_back(ds, manifest_key(v), roots[v])
+        expired = [v for v in expired if v not in rescued]
+        newer = [v for v in ds.versions() if v > versions[-1]] if versions else ds.versions()
+        retained = sorted(set(retained) | set(rescued) | set(newer))
+        if rescued or newer:
+            referenced |= _referenced(ds, [], rescued + newer)
+            garbage = [o for o in garbage if o.key not in referenced]
+        for obj in garbage:  # 6.
             storage.delete(obj.key)
         for upload in stale:
             storage.abort_upload(upload)
         for key in dead_sessions:
             storage.delete(key)
+    honoured = tuple((p.name, v) for p in pins for v in sorted(set(retained)) if v == p.version)
     return GcReport(
         ds.uri,
         len(versions),
@@ -194,4 +203,33 @@ def gc_dataset(
         tuple(expired),
         tuple(stale),
         delete,
+        honoured,
     )
+
+
+def _pinned(pins: list[Pin], versions: list[int]) -> set[int]:
+    return {v for v in versions if any(p.keeps(v) for p in pins)}
+
+
+def _sort_candidates(objects, referenced, protect_from, now, min_age_s):
+    """(garbage, in_flight, young) among the listed files no retained version names."""
+    garbage, in_flight, young = [], [], []
+    for obj in objects:
+        if obj.key in referenced or not _is_candidate(obj.key):
+            continue
+        if protect_from is not None and obj.mtime >= protect_from - CLOCK_MARGIN_S:
+            in_flight.append(obj)
+        elif now - obj.mtime < min_age_s:
+            young.append(obj)
+        else:
+            garbage.append(obj)
+    return garbage, in_flight, young
+
+
+def _put_back(ds: Dataset, key: str, data: bytes) -> None:
+    from pipeline.storage import AlreadyExists
+
+    try:
+        ds.storage.put_if_absent(key, data)
+    except AlreadyExists:
+        pass

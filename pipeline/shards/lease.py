@@ -1,25 +1,28 @@
-"""Who may write a dataset, and what gc must keep: the writer lease, write sessions, reader pins.
+"""Who may write a dataset: the writer lease and write sessions (reader pins are in pins.py).
 
 * **Lease** (`_lease`): one object naming the single driver (a regeneration
   or a refresh) allowed to commit. Taken with a create-only put, or by
   compare-and-swap over a released or expired holder, so of two takers
   exactly one wins; the other gets `LeaseHeld`, which names the holder.
   The holder renews it every `ttl_s / 3` (a heartbeat thread); a renewal
-  that finds another holder marks the lease lost.
-* **Fencing**: a commit calls `WriteSession.check()` just before its commit
-  point. It refuses (`LeaseLost`) once the lease was taken over, or when less
-  than `CLOCK_MARGIN_S` is left before the expiry this holder last wrote. A
-  taker only takes a lease `CLOCK_MARGIN_S` after that expiry, so a holder
-  that lost its lease (paused, partitioned) cannot publish after the next one
-  starts, as long as clocks agree within the margin and one root put takes
-  less than it.
+  that finds another holder marks the lease lost. Every put of the lease is
+  a compare-and-swap on the tag the last one returned; when a put's reply is
+  lost (it may have landed), the next one fails its precondition, reads the
+  lease, and goes on with its tag if the record there is still this
+  session's (`_adopt`). `close()` always tries to release what is still ours.
+* **Fencing**, twice. The client side: a commit calls `WriteSession.check()`
+  just before its commit point; it refuses (`LeaseLost`) once the lease was
+  taken over, or when less than `CLOCK_MARGIN_S` is left before the expiry
+  this holder last wrote. The store side: a taker that took over an
+  unreleased lease first publishes a *fencing version* (an empty commit on
+  the newest version), so the next version number is its own; a commit the
+  old holder had prepared before its pause is a create-only put of a number
+  that now exists, and the store refuses it (docs/RELIABILITY.md).
 * **Sessions** (`_sessions/<id>.json`): every writing driver keeps a record
   with its start time and expiry, renewed by the same heartbeat. gc keeps every
   file no retained version names that appeared after the start of a live
   session (data files, sidecars and segments of commits in flight), whatever
   its age, and aborts unfinished uploads only when no live session could own them.
-* **Pins** (`_pins/<name>.json`): a reader that trains on version N pins it;
-  gc keeps pinned versions (and their files) whatever the retention.
 """
 
 from __future__ import annotations
@@ -32,21 +35,20 @@ import socket
 import threading
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
-from pipeline.storage import AlreadyExists, PreconditionFailed
+from pipeline.storage import PreconditionFailed
 
 if TYPE_CHECKING:
-    from pipeline.shards.model import DatasetLike
+    from pipeline.shards.versions import DatasetLike
 
 log = logging.getLogger(__name__)
 
 LEASE_KEY = "_lease"
 SESSIONS_PREFIX = "_sessions/"
-PINS_PREFIX = "_pins/"
 DEFAULT_TTL_S = 60.0
 CLOCK_MARGIN_S = 10.0
 
@@ -73,6 +75,7 @@ class LeaseRecord:
     acquired_at: float
     expires_at: float
     released: bool = False
+    took_over: str | None = None  # the session of an unreleased holder this one replaced
 
     def live(self, now: float) -> bool:
         return not self.released and now < self.expires_at + CLOCK_MARGIN_S
@@ -91,7 +94,8 @@ class LeaseRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LeaseRecord:
-        return cls(**json.loads(data))
+        body = json.loads(data)  # fields a newer writer added are left out
+        return cls(**{f.name: body[f.name] for f in fields(cls) if f.name in body})
 
 
 def read_lease(dataset: DatasetLike) -> LeaseRecord | None:
@@ -151,6 +155,7 @@ class WriteSession:
         self.started_at = 0.0
         self.expires_at = 0.0
         self.epoch = 0
+        self.took_over: str | None = None  # the unreleased holder this session replaced
         self._tag: str | None = None
         self._lost: str | None = None
         self._stop = threading.Event()
@@ -184,6 +189,12 @@ class WriteSession:
             daemon=True,
         )
         self._thread.start()
+        if self.took_over is not None:
+            try:
+                self._seal()
+            except BaseException:
+                self.close()
+                raise
         log.info(
             "write session started session=%s owner=%s uri=%s",
             self.id,
@@ -202,33 +213,89 @@ class WriteSession:
             acquired_at=self.started_at or now,
             expires_at=now + self.ttl_s,
             released=released,
+            took_over=self.took_over,
         )
 
     def _try_acquire(self) -> None:
         now = time.time()
-        self.started_at = now
         if not self.exclusive:
-            self.expires_at = now + self.ttl_s
+            self.started_at, self.expires_at = now, now + self.ttl_s
             return
         storage = self.dataset.storage
         tagged = storage.read_tagged(LEASE_KEY)
         current = LeaseRecord.from_bytes(tagged[0]) if tagged else None
+        if current is not None and current.session == self.id and not current.released:
+            # An earlier take by this session landed but its reply was lost.
+            self._tag, self.epoch = tagged[1], current.epoch
+            self.started_at, self.expires_at = current.acquired_at, current.expires_at
+            self.took_over = current.took_over
+            return
         if current is not None and current.live(now):
             raise LeaseHeld(
                 f"{self.dataset.uri} is being written by {current.describe(now)}; "
                 "wait for it to finish (refresh --wait-for-lease S) or stop it first"
             )
+        self.started_at = now
+        self.took_over = current.session if current is not None and not current.released else None
         record = self._record(now, (current.epoch if current else 0) + 1)
         try:
-            storage.put_if_match(LEASE_KEY, record.to_bytes(), tagged[1] if tagged else None)
+            self._tag = storage.put_if_match(
+                LEASE_KEY, record.to_bytes(), tagged[1] if tagged else None
+            )
         except PreconditionFailed:
             other = read_lease(self.dataset)
+            if other is not None and other.session == self.id:
+                return self._try_acquire()  # ours after all (a retried put)
             holder = other.describe() if other else "another driver"
             raise LeaseHeld(f"{self.dataset.uri} was just taken by {holder}") from None
-        self._tag = storage.read_tagged(LEASE_KEY)[1]
         self.epoch, self.expires_at = record.epoch, record.expires_at
-        if current is not None and not current.released:
+        if self.took_over is not None:
             log.warning("took over an expired lease from %s", current.describe(now))
+
+    def _put_lease(self, record: LeaseRecord) -> bool:
+        """Compare-and-swap the lease to `record`; False if another session holds it."""
+        storage = self.dataset.storage
+        try:
+            self._tag = storage.put_if_match(LEASE_KEY, record.to_bytes(), self._tag)
+            return True
+        except PreconditionFailed:
+            if not self._adopt():
+                return False
+        self._tag = storage.put_if_match(LEASE_KEY, record.to_bytes(), self._tag)
+        return True
+
+    def _adopt(self) -> bool:
+        """After a failed precondition: take the lease's tag if the record is still ours."""
+        tagged = self.dataset.storage.read_tagged(LEASE_KEY)
+        if tagged is None:
+            return False
+        current = LeaseRecord.from_bytes(tagged[0])
+        if current.session != self.id or current.epoch != self.epoch:
+            return False
+        log.info("lease put of session %s landed without its reply: adopting its tag", self.id)
+        self._tag = tagged[1]
+        return True
+
+    def _seal(self) -> None:
+        """After a takeover: publish an empty version, so the old holder's prepared commit
+        names a version number that exists and the store's create-only put refuses it."""
+        from pipeline.shards.versions import CommitConflict, DatasetError
+
+        for _ in range(10):
+            latest = self.dataset.latest_version()
+            if latest is None:
+                return  # nothing to build on; the first commit is create-only anyway
+            try:
+                self.dataset.commit(
+                    [], parent_version=latest, fence=self.check, session=self.id, fencing=True
+                )
+                return
+            except CommitConflict:
+                continue  # the old holder's late commit landed first: seal on top of it
+            except DatasetError as err:
+                log.warning("could not publish the fencing version: %s", err)
+                return
+        raise LeaseLost(f"{self.dataset.uri}: could not publish a fencing version (contention)")
 
     def _write_session_record(self) -> None:
         record = SessionRecord(self.id, self.owner, self.started_at, self.expires_at)
@@ -241,17 +308,11 @@ class WriteSession:
             if self._lost:
                 return
             now = time.time()
-            if self.exclusive:
-                record = self._record(now, self.epoch)
-                storage = self.dataset.storage
-                try:
-                    storage.put_if_match(LEASE_KEY, record.to_bytes(), self._tag)
-                except PreconditionFailed:
-                    other = read_lease(self.dataset)
-                    self._lost = f"taken over by {other.describe() if other else 'another driver'}"
-                    log.error("lease lost session=%s: %s", self.id, self._lost)
-                    return
-                self._tag = storage.read_tagged(LEASE_KEY)[1]
+            if self.exclusive and not self._put_lease(self._record(now, self.epoch)):
+                other = read_lease(self.dataset)
+                self._lost = f"taken over by {other.describe() if other else 'another driver'}"
+                log.error("lease lost session=%s: %s", self.id, self._lost)
+                return
             self.expires_at = now + self.ttl_s
             self._write_session_record()
 
@@ -270,22 +331,31 @@ class WriteSession:
             )
 
     def close(self) -> None:
-        """Stop heartbeats, release the lease (if still ours), remove the session record."""
+        """Stop heartbeats, release the lease if it is still ours, remove the session record."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._lock:
-            if self.exclusive and self._tag is not None and not self._lost:
-                record = self._record(time.time(), self.epoch, released=True)
-                try:
-                    self.dataset.storage.put_if_match(LEASE_KEY, record.to_bytes(), self._tag)
-                except PreconditionFailed:
-                    pass  # someone took it over: nothing of ours to release
-                self._tag = None
+            if self.exclusive and self.epoch:
+                self._release()
             try:
                 self.dataset.storage.delete(f"{SESSIONS_PREFIX}{self.id}.json")
             except FileNotFoundError:
                 pass
+
+    def _release(self, num_attempts: int = 3) -> None:
+        record = self._record(time.time(), self.epoch, released=True)
+        for attempt in range(1, num_attempts + 1):
+            try:
+                if not self._put_lease(record):
+                    return  # someone took it over: nothing of ours to release
+                self._tag = None
+                return
+            except Exception as err:  # a lost reply or a flaky store: the lease expires anyway
+                if attempt == num_attempts:
+                    log.warning("could not release the lease of session %s: %s", self.id, err)
+                    return
+                time.sleep(0.1 * attempt)
 
 
 def _heartbeat_loop(ref: weakref.ref, stop: threading.Event, every_s: float) -> None:
@@ -298,50 +368,3 @@ def _heartbeat_loop(ref: weakref.ref, stop: threading.Event, every_s: float) -> 
         except Exception as err:  # transient storage trouble: the fence decides when to stop
             log.warning("lease heartbeat failed: %s", err)
         del session
-
-
-# --------------------------------------------------------------------------- pins
-
-
-def pin_version(
-    dataset: DatasetLike, version: int, name: str, *, owner: str = "", ttl_s: float | None = None
-) -> str:
-    """Keep `version` from gc under `name` (create-only); the pin's key."""
-    if not name or "/" in name or name.startswith("."):
-        raise ValueError(f"pin name {name!r} must be non-empty, without '/' or a leading '.'")
-    now = time.time()
-    body = {
-        "version": int(version),
-        "owner": owner,
-        "created_at": now,
-        "expires_at": now + ttl_s if ttl_s else None,
-    }
-    key = f"{PINS_PREFIX}{name}.json"
-    try:
-        dataset.storage.put_if_absent(key, json.dumps(body).encode())
-    except AlreadyExists:
-        held = json.loads(dataset.storage.read_bytes(key))
-        if held["version"] != version:
-            raise ValueError(
-                f"{dataset.storage.url(key)} pins version {held['version']}, not {version}: "
-                "unpin it first or use another name"
-            ) from None
-    return key
-
-
-def unpin_version(dataset: DatasetLike, name: str) -> None:
-    dataset.storage.delete(f"{PINS_PREFIX}{name}.json")
-
-
-def pinned_versions(dataset: DatasetLike, now: float | None = None) -> dict[str, int]:
-    """name -> version of every unexpired pin."""
-    now = time.time() if now is None else now
-    out = {}
-    for obj in dataset.storage.list(PINS_PREFIX):
-        try:
-            body = json.loads(dataset.storage.read_bytes(obj.key))
-        except (FileNotFoundError, ValueError):
-            continue
-        if body.get("expires_at") is None or body["expires_at"] > now:
-            out[obj.key[len(PINS_PREFIX) : -len(".json")]] = int(body["version"])
-    return out

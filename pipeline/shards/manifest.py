@@ -7,7 +7,7 @@ Layout of a dataset root (local directory or s3://bucket/prefix):
     manifests/v000001.json            one root per version (create-only, never modified)
     manifests/segments/*.json         immutable lists of shard entries the roots name (segments.py)
     _latest                           {"version": N}: pointer to the newest version
-    _lease, _sessions/, _pins/        writer lease, live write sessions, reader pins (lease.py)
+    _lease, _sessions/, _pins/        writer lease, write sessions (lease.py), reader pins (pins.py)
     README.md                         the dataset card, rewritten at every commit (card.py)
     errors/<name>.jsonl               rows a run could not use, with the reason (no manifest names them)
 
@@ -32,6 +32,7 @@ in the root) still read; commits on top of them write format 2.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -41,7 +42,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.shards.model import (
+from pipeline.shards.schema import Provenance
+from pipeline.shards.segments import Segment, apply
+from pipeline.shards.sidecar import RangeIndex, SampleIndex, index_from_parquet
+from pipeline.shards.versions import (
     ERRORS_PREFIX,
     LATEST_KEY,
     MANIFEST_FORMAT,
@@ -59,9 +63,6 @@ from pipeline.shards.model import (
     manifest_key,
     parse_root,
 )
-from pipeline.shards.schema import Provenance
-from pipeline.shards.segments import Segment, apply
-from pipeline.shards.sidecar import SampleIndex, index_from_parquet
 from pipeline.shards.writer import ShardInfo, ShardWriter
 from pipeline.storage import PreconditionFailed, Storage, open_storage
 
@@ -82,6 +83,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
 
 _MANIFEST_NAME = re.compile(r"manifests/v(\d{6,})\.json")
 _LATEST = object()  # sentinel: commit on top of whatever version is newest
@@ -119,6 +125,7 @@ class Dataset:
         self._manifests = _Lru(4)
         self._segments = _Lru(512)
         self._indexes = _Lru(200_000)
+        self._key_ranges = _Lru(4)
 
     @classmethod
     def open(cls, uri: str | Path, *, endpoint_url: str | None = None) -> Dataset:
@@ -211,14 +218,12 @@ class Dataset:
         """A segment named by a root, checked against the root's sha256."""
 
         def load() -> Segment:
-            import hashlib
-
             url = self.storage.url(ref.key)
             try:
                 data = self.storage.read_bytes(ref.key)
             except FileNotFoundError:
                 raise DatasetError(f"{url}: segment is missing") from None
-            if hashlib.sha256(data).hexdigest() != ref.sha256:
+            if sha256_hex(data) != ref.sha256:
                 raise DatasetError(f"{url}: segment does not match its sha256 in the root")
             return Segment.from_bytes(data, url)
 
@@ -236,9 +241,15 @@ class Dataset:
                 return index_from_parquet(self.storage, entry.path, entry.sha256)
             url = self.storage.url(entry.sidecar)
             try:
-                index = SampleIndex.from_json(self.storage.read_bytes(entry.sidecar), url)
+                data = self.storage.read_bytes(entry.sidecar)
             except FileNotFoundError:
                 raise DatasetError(f"{url}: sample index of {entry.path} is missing") from None
+            if entry.sidecar_sha256 is not None and sha256_hex(data) != entry.sidecar_sha256:
+                raise DatasetError(
+                    f"{url}: sample index of {entry.path} does not match its sha256 in the "
+                    "manifest (edited or damaged); restore it or run `dspark-targets verify`"
+                )
+            index = SampleIndex.from_json(data, url)
             if index.shard != entry.path or index.sha256 != entry.sha256:
                 raise DatasetError(f"{url}: describes another file than {entry.path}")
             return index
@@ -257,6 +268,20 @@ class Dataset:
         with ThreadPoolExecutor(min(num_threads, len(entries))) as pool:
             indexes = list(pool.map(self.sample_index, entries))
         return {e.path: ix for e, ix in zip(entries, indexes, strict=True)}
+
+    def key_ranges(self, manifest: Manifest) -> RangeIndex:
+        """A version's shards by partition-key range: built once per version, or remembered
+        from the commit that made it (`remember_key_ranges`)."""
+        buckets = manifest.lineage.num_buckets if manifest.lineage else 1
+        return self._cached(
+            self._key_ranges,
+            manifest.version,
+            lambda: RangeIndex.build(manifest.entries.values(), buckets),
+        )
+
+    def remember_key_ranges(self, version: int, ranges: RangeIndex) -> None:
+        with self._lock:
+            self._key_ranges.get_or(version, lambda: ranges)
 
     def cache_index(self, index: SampleIndex) -> None:
         with self._lock:
@@ -279,15 +304,36 @@ class Dataset:
             return set()
         return {s.unit_id for s in self.manifest(version).shards}
 
-    def pin(self, version: int, name: str, *, owner: str = "", ttl_s: float | None = None) -> str:
-        """Keep `version` from gc under `name` (lease.py); the pin's key."""
-        from pipeline.shards.lease import pin_version
+    def pin(
+        self,
+        version: int,
+        name: str,
+        *,
+        owner: str = "",
+        ttl_s: float | None = None,
+        following: bool = False,
+    ) -> str:
+        """Keep `version` from gc under `name` (pins.py); the pin's key.
 
-        self.manifest(version)  # it must exist
-        return pin_version(self, version, name, owner=owner, ttl_s=ttl_s)
+        The pin is written before the version's root is looked up (a fresh stat,
+        not the cache), so a gc running meanwhile either keeps the version or it
+        is gone now (`DatasetError`, the pin removed again)."""
+        from pipeline.shards.pins import pin_version, unpin_version
+
+        key = pin_version(self, version, name, owner=owner, ttl_s=ttl_s, following=following)
+        try:
+            self.storage.info(manifest_key(version))
+        except FileNotFoundError:
+            unpin_version(self, name)
+            raise DatasetError(
+                f"{self.uri}: version {version} does not exist ({manifest_key(version)} not "
+                "found; gc may have retired it)"
+            ) from None
+        self.manifest(version)
+        return key
 
     def unpin(self, name: str) -> None:
-        from pipeline.shards.lease import unpin_version
+        from pipeline.shards.pins import unpin_version
 
         unpin_version(self, name)
 
@@ -327,6 +373,7 @@ class Dataset:
         fence: Callable[[], None] | None = None,
         complete: bool = False,
         session: str | None = None,
+        fencing: bool = False,
     ) -> Manifest:
         """Publish the next version: the parent's shards - `remove` + `shards`, minus `drop`.
 
@@ -336,7 +383,8 @@ class Dataset:
         commit on top of a version you planned against. `new_lineage` starts a
         new lineage (nothing of the parent is carried); `num_buckets` fixes a
         new lineage's bucket space. `fence` is called just before the commit
-        point and raises if this committer may no longer publish (a lost lease).
+        point and raises if this committer may no longer publish (a lost lease);
+        `fencing` marks the empty version a writer publishes after a takeover.
 
         Raises CommitConflict if the parent's successor was published meanwhile;
         DuplicateSampleError if the version would list a sample id twice;
@@ -344,23 +392,24 @@ class Dataset:
         ImmutableShardError if a path in the parent would change; DatasetError
         if a shard file is missing or its size differs from what the writer wrote.
         """
-        from pipeline.shards.commit import commit
+        from pipeline.shards.commit import CommitRequest, commit
 
         if parent_version is _LATEST:
             parent_version = self.latest_version()
-        return commit(
-            self,
-            list(shards),
-            drop={p: set(ids) for p, ids in (drop or {}).items()},
-            remove=list(remove),
+        request = CommitRequest(
+            shards=tuple(shards),
             parent_version=parent_version,  # type: ignore[arg-type]
+            drop={p: frozenset(ids) for p, ids in (drop or {}).items()},
+            remove=tuple(remove),
             provenance=provenance,
             new_lineage=new_lineage,
             num_buckets=num_buckets,
             fence=fence,
             complete=complete,
             session=session,
+            fencing=fencing,
         )
+        return commit(self, request)
 
     def advance_latest(self, version: int, num_attempts: int = 20) -> None:
         """Move `_latest` forward to `version` (never backward) by compare-and-swap."""

@@ -26,7 +26,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.shards.model import DatasetError, SegmentRef, ShardEntry
+from pipeline.shards.versions import DatasetError, SegmentRef, ShardEntry
 
 SEGMENT_FORMAT = "dspark-targets.segment"
 SEGMENT_PREFIX = "manifests/segments/"

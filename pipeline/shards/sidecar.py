@@ -120,7 +120,7 @@ class SampleIndex:
             attempted = tuple((str(a), str(b)) for a, b in body["attempted"])
             return cls(str(body["shard"]), str(body["sha256"]), rows, attempted)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            from pipeline.shards.model import DatasetError
+            from pipeline.shards.versions import DatasetError
 
             raise DatasetError(f"{where}: unreadable sample index ({err})") from None
 

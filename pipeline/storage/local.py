@@ -140,7 +140,8 @@ class LocalStorage:
             return None
         return data, hashlib.sha256(data).hexdigest()
 
-    def put_if_match(self, key: str, data: bytes, tag: str | None) -> None:
+    def put_if_match(self, key: str, data: bytes, tag: str | None) -> str:
+        """Replace `key` if its tag is still `tag` (None: if absent); the new tag."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = path.with_name(f".{path.name}.lock")
@@ -158,6 +159,7 @@ class LocalStorage:
                 tmp = self._write_temp(path, data)
                 os.replace(tmp, path)
                 fsync_dir(path.parent)
+                return hashlib.sha256(data).hexdigest()
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 

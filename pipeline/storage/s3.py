@@ -197,7 +197,11 @@ class S3Storage:
             pass
 
     def put_if_absent(self, key: str, data: bytes) -> None:
+        attempts = 0
+
         def put() -> None:
+            nonlocal attempts
+            attempts += 1
             try:
                 self.fs.call_s3(
                     "put_object", Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
@@ -211,7 +215,8 @@ class S3Storage:
             self.retry.call("put_if_absent", put)
         except AlreadyExists:
             # A retried PUT whose first attempt landed reports 412; that is our object.
-            if self.read_bytes(key) != data:
+            # A 412 on the first attempt is an object that was there before.
+            if attempts == 1 or self.read_bytes(key) != data:
                 raise
 
     def read_tagged(self, key: str) -> tuple[bytes, str] | None:
@@ -224,12 +229,13 @@ class S3Storage:
             return None
         return data, raw["ETag"]
 
-    def put_if_match(self, key: str, data: bytes, tag: str | None) -> None:
+    def put_if_match(self, key: str, data: bytes, tag: str | None) -> str:
+        """Replace `key` if its ETag is still `tag` (None: if absent); the new ETag."""
         cond = {"IfMatch": tag} if tag is not None else {"IfNoneMatch": "*"}
 
-        def put() -> None:
+        def put() -> dict:
             try:
-                self.fs.call_s3(
+                return self.fs.call_s3(
                     "put_object", Bucket=self.bucket, Key=self._key(key), Body=data, **cond
                 )
             except Exception as err:
@@ -240,11 +246,12 @@ class S3Storage:
                 raise
 
         try:
-            self.retry.call("put_if_match", put)
+            return self.retry.call("put_if_match", put)["ETag"]
         except PreconditionFailed:
             current = self.read_tagged(key)
             if current is None or current[0] != data:
                 raise
+            return current[1]  # a retried PUT whose first attempt landed: our object
 
     def delete(self, key: str) -> None:
         self.retry.call("delete", lambda: self.fs.rm_file(self._path(key)))

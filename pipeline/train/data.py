@@ -38,6 +38,7 @@ import numpy as np
 
 from pipeline.logs import kv
 from pipeline.shards.manifest import Dataset, Manifest, ShardEntry
+from pipeline.shards.pins import version_pin
 from pipeline.shards.reader import (
     TrainingSample,
     decode_rows,
@@ -88,8 +89,9 @@ def is_heldout(sample_id: str, fraction: float) -> bool:
 class TrainingData:
     """One dataset version opened for training: provenance checks, epoch plans, decoding."""
 
-    def __init__(self, cfg: TrainDataConfig) -> None:
+    def __init__(self, cfg: TrainDataConfig, *, pin_prefix: str | None = None) -> None:
         self.cfg = cfg
+        self.pin_prefix = pin_prefix  # a run's pins (shards/pins.py): each followed version
         self.dataset = Dataset.open(cfg.uri, endpoint_url=cfg.endpoint_url)
         self.use_version(cfg.version)
         if not self.manifest.shards and not cfg.follow:
@@ -209,6 +211,9 @@ class TrainingData:
             manifest = next_version(
                 self.dataset, manifest, self.cfg.follow_poll_s, self.cfg.follow_timeout_s
             )
+            if manifest is not None and self.pin_prefix is not None:
+                name = version_pin(self.pin_prefix, manifest.version)
+                self.dataset.pin(manifest.version, name, owner="train --follow")
 
     @property
     def train_rows(self) -> list[RowRef]:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
+from pipeline.shards.pins import release_pins, run_pin_prefix, version_pin
 from pipeline.torch_threads import torch_threads
 from pipeline.train.checkpoint import (
     export_dir,
@@ -115,6 +116,8 @@ def train(
         heldout=summary.get("heldout", {}),
         checkpoint=latest_checkpoint(out_dir),
     )
+    if result.steps >= config.num_steps:
+        release_run_pins(config)  # finished: no resume will read the data again
     if export and result.steps >= config.num_steps:
         from pipeline.train.export import export_checkpoint
 
@@ -174,7 +177,23 @@ def pin_data_version(config: TrainConfig) -> TrainConfig:
         version = Dataset.open(data.uri, endpoint_url=data.endpoint_url).latest_version()
     if version is None:
         return config  # no committed version: TrainingData names the problem
+    # Kept from gc until the run is finished (a resume reads it; a follower's
+    # replay reads every later version too). `train` releases it at the end.
+    Dataset.open(data.uri, endpoint_url=data.endpoint_url).pin(
+        version,
+        version_pin(run_pin_prefix(config.out_dir), version),
+        owner=f"train {config.out_dir}",
+        following=data.follow,
+    )
     return config.model_copy(update={"data": data.model_copy(update={"version": version})})
+
+
+def release_run_pins(config: TrainConfig) -> list[str]:
+    """Remove the pins of a finished run (pin_data_version, and each version it followed)."""
+    from pipeline.shards.manifest import Dataset
+
+    dataset = Dataset.open(config.data.uri, endpoint_url=config.data.endpoint_url)
+    return release_pins(dataset, run_pin_prefix(config.out_dir))
 
 
 def run_worker(
@@ -237,7 +256,7 @@ class Trainer:
         self.metrics = MetricsLog(self.out_dir)
         target_dir = Path(resolve_model(config.target))
         target_config = json.loads((target_dir / "config.json").read_text())
-        self.data = TrainingData(config.data)
+        self.data = TrainingData(config.data, pin_prefix=run_pin_prefix(config.out_dir))
         self.data.check(
             target=config.target,
             target_config=target_config,

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from faults import FullDisk
 
 from pipeline.regenerate.run import run_local
+from pipeline.shards.inspection import verify_dataset
 from pipeline.shards.manifest import Dataset, DatasetError, manifest_key
 from pipeline.shards.reader import ShardReader
-from pipeline.shards.tools import verify_dataset
 from pipeline.storage import LocalStorage
 
 from .common import Timer, exactly_once, expected_ids, publish, run_config

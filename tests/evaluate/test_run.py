@@ -282,6 +282,10 @@ def test_lossy_or_sampled_data_is_refused_or_reported_as_teacher_forced(tmp_path
     assert "output.codec: bf16" in message and "data.report_as_teacher_forced: true" in message
     _, info = load_heldout(config(report_as_teacher_forced=True), {}, {}, target_dir)
     assert info["t0_measure"] == "teacher-forced agreement" and "fp8" in info["t0_inexact"][0]
+    from pipeline.shards.manifest import Dataset
+    from pipeline.shards.pins import pinned_versions
+
+    assert pinned_versions(Dataset.open(uri)) == {}  # pinned while read, released after
     report = {"target": "toy:random", "data": info, "drafts": {}}
     assert "teacher-forced agreement, not acceptance" in markdown(report, {})
     result = EvalResult(tmp_path, report, tmp_path / "r.json", tmp_path / "r.md", {})

@@ -250,7 +250,8 @@ def test_cli_refresh_exits_at_once_naming_the_holder(tmp_path):
 def test_gc_running_during_a_regeneration_deletes_nothing_it_names(tmp_path, requests, monkeypatch):
     import os
 
-    from pipeline.shards.tools import gc_dataset, verify_dataset
+    from pipeline.shards.gc import gc_dataset
+    from pipeline.shards.inspection import verify_dataset
 
     corpus, uri = tmp_path / "corpus.jsonl", tmp_path / "ds"
     _write(corpus, _rows(range(12)))

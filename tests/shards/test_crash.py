@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.shards.gc import gc_dataset
+from pipeline.shards.inspection import verify_dataset
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
-from pipeline.shards.tools import gc_dataset, verify_dataset
 
 from .helpers import write_unit
 

@@ -93,3 +93,23 @@ def test_cli_export(dataset, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "exported version 1 (3 samples) as hf-datasets" in result.output
+
+
+def test_an_export_pins_its_version_while_it_reads(tmp_path, monkeypatch):
+    from pipeline.shards import export as export_module
+    from pipeline.shards.pins import pinned_versions
+
+    ds = Dataset.open(tmp_path / "ds")
+    ds.commit([write_unit(ds, "unit-a", 3)[0]])
+    ds.commit([write_unit(ds, "unit-b", 2)[0]])
+    seen, real = [], export_module._export_speculators
+
+    def reading(reader, out):
+        seen.append(pinned_versions(ds))
+        return real(reader, out)
+
+    monkeypatch.setattr(export_module, "_export_speculators", reading)
+    export_dataset(str(ds.uri), tmp_path / "out", format="speculators", version=1)
+    assert [list(p.values()) for p in seen] == [[1]]
+    assert next(iter(seen[0])).startswith("export-")
+    assert pinned_versions(ds) == {}  # released when done

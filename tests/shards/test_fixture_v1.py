@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
+from pipeline.shards.inspection import verify_dataset
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.shards.sink import DatasetSink
-from pipeline.shards.tools import verify_dataset
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "dataset-v1"
 

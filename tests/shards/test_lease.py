@@ -14,10 +14,7 @@ from pipeline.shards.lease import (
     WriteSession,
     lease_holder,
     live_sessions,
-    pin_version,
-    pinned_versions,
     read_lease,
-    unpin_version,
 )
 from pipeline.shards.manifest import Dataset
 
@@ -93,13 +90,81 @@ def test_heartbeats_keep_a_long_run_alive(tmp_path, monkeypatch):
         assert lease_holder(ds).session == session.id
 
 
-def test_pins(root):
-    ds = Dataset.open(root)
-    pin_version(ds, 3, "train-run-7", owner="trainer")
-    pin_version(ds, 3, "train-run-7")  # idempotent
-    with pytest.raises(ValueError, match="pins version 3, not 4"):
-        pin_version(ds, 4, "train-run-7")
-    pin_version(ds, 1, "short", ttl_s=-1)  # already expired
-    assert pinned_versions(ds) == {"train-run-7": 3}
-    unpin_version(ds, "train-run-7")
-    assert pinned_versions(ds) == {}
+class _LostReplies:
+    """A store whose next `num` conditional puts of the lease land but lose their reply."""
+
+    def __init__(self, storage) -> None:
+        self._storage, self.num = storage, 0
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    def put_if_match(self, key, data, tag):
+        result = self._storage.put_if_match(key, data, tag)
+        if key == lease.LEASE_KEY and self.num > 0:
+            self.num -= 1
+            raise ConnectionResetError(104, "injected: the reply was lost")
+        return result
+
+
+def test_a_lease_put_whose_reply_was_lost_is_adopted_not_lost(root):
+    store = _LostReplies(Dataset.open(root).storage)
+    ds = Dataset(store)
+    session = WriteSession(ds, owner="multi-day regeneration", ttl_s=60)
+    store.num = 1
+    with pytest.raises(ConnectionResetError):
+        session.start()  # the take landed, its answer did not
+    session.start()  # a retry finds its own record and goes on
+    assert read_lease(ds).session == session.id
+    store.num = 1
+    with pytest.raises(ConnectionResetError):
+        session.renew()  # the renewal landed, its answer did not
+    session.renew()  # the next one finds its own record: adopted, not "taken over"
+    session.check()
+    info, _ = write_unit(ds, "unit-a", 2)
+    assert ds.commit([info], fence=session.check).version == 1
+    store.num = 1
+    session.close()  # the release's reply is lost too: close tries again
+    assert read_lease(ds).released and read_lease(ds).session == session.id
+    with WriteSession(ds, owner="next") as nxt:  # and the next writer takes it at once
+        assert read_lease(ds).session == nxt.id
+
+
+def test_a_zombie_commit_after_a_takeover_is_refused_by_the_store(root, monkeypatch):
+    """The old holder passes its clock fence, pauses past its lease, then puts its root."""
+    monkeypatch.setattr(lease, "CLOCK_MARGIN_S", 0.2)
+    zombie_ds, ds = Dataset.open(root), Dataset.open(root)
+    old = WriteSession(zombie_ds, owner="paused", ttl_s=0.6).start()
+    first, _ = write_unit(zombie_ds, "unit-a", 2)
+    zombie_ds.commit([first], fence=old.check)
+    old._stop.set()  # its heartbeats stop
+    late, _ = write_unit(zombie_ds, "unit-b", 2)
+    paused, resume, outcome = threading.Event(), threading.Event(), []
+
+    def fence():
+        old.check()  # still inside its lease by its own clock...
+        paused.set()
+        resume.wait(10)  # ...then a stop-the-world pause past it
+
+    def zombie():
+        try:
+            outcome.append(zombie_ds.commit([late], parent_version=1, fence=fence))
+        except Exception as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=zombie)
+    thread.start()
+    paused.wait(10)
+    new = WriteSession(ds, owner="successor", ttl_s=30).start(wait_s=5, poll_s=0.1)
+    planned_on = ds.latest_version()  # the successor plans its commit...
+    resume.set()  # ...the zombie wakes and puts its root...
+    thread.join(10)
+    own, _ = write_unit(ds, "unit-c", 2)
+    published = ds.commit([own], parent_version=planned_on, fence=new.check)  # ...no conflict
+    assert isinstance(outcome[0], Exception), f"the zombie published version {outcome[0].version}"
+    fresh = Dataset.open(root)
+    sessions = [fresh.manifest(v).commit.get("session") for v in range(1, published.version + 1)]
+    assert old.id not in sessions[1:]  # nothing of the old holder's after the takeover
+    assert {e.path for e in fresh.manifest().shards} == {first.path, own.path}
+    new.close()
+    old.close()

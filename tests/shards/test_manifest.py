@@ -10,6 +10,7 @@ import pytest
 
 import schemas
 from pipeline.shards import segments
+from pipeline.shards.inspection import verify_dataset
 from pipeline.shards.manifest import (
     LATEST_KEY,
     CommitConflict,
@@ -20,7 +21,6 @@ from pipeline.shards.manifest import (
     manifest_key,
 )
 from pipeline.shards.reader import ShardReader
-from pipeline.shards.tools import verify_dataset
 from pipeline.storage import AlreadyExists
 
 from .helpers import provenance, sample, write_unit

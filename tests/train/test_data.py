@@ -176,3 +176,20 @@ def test_long_samples_are_truncated_before_anchors_are_drawn(toy_shards, spec):
         )
         < 40
     )
+
+
+def test_a_follower_pins_each_version_it_follows(toy_shards, tmp_path):
+    import shutil
+
+    from pipeline.shards.manifest import Dataset
+    from pipeline.shards.pins import pinned_versions
+
+    uri = tmp_path / "ds"
+    shutil.copytree(toy_shards, uri)
+    ds = Dataset.open(uri)
+    ds.commit([], remove=[ds.manifest().shards[0].path])  # version 2 (no writer holds the lease)
+    cfg = TrainDataConfig(uri=str(uri), version=1, follow=True, follow_poll_s=0.01)
+    follower = TrainingData(cfg, pin_prefix="train-run-7.")
+    assert sum(len(refs) for refs in follower.follow_order(seed=0)) > 0
+    assert follower.manifest.version == 2
+    assert pinned_versions(ds) == {"train-run-7.v000002": 2}

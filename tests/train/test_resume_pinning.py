@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.shards.gc import gc_dataset
 from pipeline.shards.manifest import Dataset
+from pipeline.shards.pins import pinned_versions
 from pipeline.storage import UnsafePath
 from pipeline.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.train.data import TrainingData
@@ -56,6 +58,24 @@ def test_a_resumed_run_reads_its_version_after_a_new_one_is_published(own_shards
     ids = {r.sample_id for r in data.train_rows + data.heldout_rows}
     assert data.manifest.version == 2 and ids and not ids & dropped
     assert len(ids) == data.manifest.num_rows
+
+
+def test_a_run_pins_its_version_against_gc_until_it_is_finished(own_shards, tmp_path):
+    ds = Dataset.open(own_shards)
+    train(_config(own_shards, tmp_path / "cut"), stop_after=4, export=False)
+    pins = pinned_versions(ds)
+    assert list(pins.values()) == [1], pins  # one pin, named for the run, on version 1
+    (name,) = pins
+    gone = ds.manifest().shards[0]
+    ds.commit([], remove=[gone.path])  # a refresh replaces a shard: version 2
+    report = gc_dataset(str(own_shards), keep_versions=1, delete=True, min_age_s=0)
+    assert 1 in report.retained and f"version 1 (pinned by {name})" in report.to_text()
+    assert ds.storage.exists(gone.path)
+    resumed = train(_config(own_shards, tmp_path / "cut"), export=False)  # reads version 1
+    assert [m["step"] for m in resumed.metrics] == list(range(1, 9))
+    assert pinned_versions(ds) == {}  # finished: released
+    report = gc_dataset(str(own_shards), keep_versions=1, delete=True, min_age_s=0)
+    assert report.pins == () and name not in report.to_text()
 
 
 FIXTURE_SPEC = Path(__file__).resolve().parents[1] / "fixtures/drafts_v0/dflash/checkpoints"

@@ -7,8 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
+from pipeline.shards.gc import gc_dataset
+from pipeline.shards.inspection import inspect_dataset, verify_dataset
 from pipeline.shards.manifest import Dataset
-from pipeline.shards.tools import gc_dataset, inspect_dataset, verify_dataset
 
 from .helpers import write_unit
 

@@ -1,12 +1,10 @@
-"""Library side of `dspark-targets inspect | verify | gc`.
+"""Library side of `dspark-targets inspect` and `verify`: reports on a dataset's versions and files.
 
 * `inspect_dataset`: versions, lineage, shards, rows, tokens, bytes per token, codec, provenance.
 * `verify_dataset`: every file a version names: re-hash every shard against
   its manifest and decode every tensor, check its provenance against the
   lineage, its sidecar against its id column, and every segment against the
   root; the report names each corrupt file and what is wrong.
-* `gc_dataset` (gc.py): retention and garbage, decided from manifests and
-  live write sessions.
 
 Each returns a frozen report with `to_text()`; the CLI only prints it.
 """
@@ -18,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from pipeline.shards.manifest import Dataset, DatasetError, Manifest, ShardEntry, manifest_key
-from pipeline.shards.model import parse_root
+from pipeline.shards.versions import parse_root
 
 _HASH_CHUNK = 8 << 20
 
@@ -288,15 +286,4 @@ def verify_dataset(
     )
 
 
-# --------------------------------------------------------------------------- gc
-
-from pipeline.shards.gc import GcReport, gc_dataset  # noqa: E402  (re-exported for the CLI)
-
-__all__ = [
-    "GcReport",
-    "InspectReport",
-    "VerifyReport",
-    "gc_dataset",
-    "inspect_dataset",
-    "verify_dataset",
-]
+__all__ = ["InspectReport", "VerifyReport", "inspect_dataset", "verify_dataset"]
