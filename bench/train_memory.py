@@ -63,7 +63,7 @@ GB = 2**30
 
 
 def _spec(cfg: dict, vocab: int):
-    from pipeline.train.drafts.spec import DraftSpec
+    from pipeline.drafts.spec import DraftSpec
 
     return DraftSpec(
         kind="dspark",
@@ -130,8 +130,9 @@ def measure(preset: str, seq_len: int, vocab: int, path: str, device: str, steps
     """One configuration's step: peak bytes above the resident state, step seconds."""
     import torch
 
-    from pipeline.train.drafts.registry import build_draft
-    from pipeline.train.loss import draft_loss, slot_weights
+    from pipeline.drafts.dspark.model import slot_weights
+    from pipeline.drafts.registry import build_draft
+    from pipeline.train.loss import draft_loss
     from pipeline.train.objective import DraftObjective
 
     torch.set_num_threads(1)

@@ -149,10 +149,10 @@ def train_speculators(
     from transformers import get_cosine_schedule_with_warmup
 
     from pipeline.demo import CONFIG_DIR
+    from pipeline.drafts.common import tokenizer_mask_token_id
     from pipeline.targets.resolve import resolve_model
     from pipeline.train.config import load_train_config
     from pipeline.train.data import TrainingData
-    from pipeline.train.drafts.common import tokenizer_mask_token_id
 
     if (out / "config.json").exists():
         return json.loads((out / "parity_train.json").read_text())

@@ -19,6 +19,17 @@ def trained_target_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def toy_shards(tmp_path_factory, trained_target_dir) -> Path:
+    """~90 first-turn samples of the trained toy target in two shards (~20 s once), for
+    the training and draft tests."""
+    from pipeline.demo.reference_shards import write_reference_shards
+
+    uri = tmp_path_factory.mktemp("train-shards") / "ds"
+    write_reference_shards(uri, num_conversations=96, num_units=2)
+    return uri
+
+
+@pytest.fixture(scope="session")
 def random_target_dir(tmp_path_factory) -> Path:
     from pipeline.toy.target import build_toy_target
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.drafts.registry import KINDS
+from pipeline.drafts.spec import DraftSpec
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.drafts.registry import KINDS
-from pipeline.train.drafts.spec import DraftSpec
 
 # Smaller still, for drafters checked against brute force (vocabulary 40, width 16).
 SMALL = dict(

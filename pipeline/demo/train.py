@@ -94,9 +94,9 @@ def train_demo_draft(
         from transformers import AutoTokenizer
 
         from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
+        from pipeline.drafts.vllm_check import speculative_check
         from pipeline.render import first_prompt, render_prompt
         from pipeline.targets.resolve import resolve_model
-        from pipeline.train.vllm_check import speculative_check
 
         target_dir = resolve_model(config.target)
         tok = AutoTokenizer.from_pretrained(target_dir)

@@ -1,12 +1,12 @@
 """Acceptance-length evaluation of trained drafts against their target (docs/design.md#acceptance-length).
 
-Modules: `offline` (exact T=0 walk), `drafters/` (loading drafts; one drafter
-per kind: DSpark/DFlash blocks drafted left to right, EAGLE-3's step loop),
-`sampling` (rejection sampling and the live loop at T>0), `calibration`
+Modules: `offline` (exact T=0 walk), `sampling` (rejection sampling and the live loop at T>0), `calibration`
 (confidence head ECE/AUC, temperature scaling, truncation), `uncertainty`
 (bootstrap intervals), `vllm` (cross-check against vLLM's counters), `report`
 (JSON, Markdown, plots), `config` (the YAML format), `run` (the stage:
-`run_evaluation`).
+`run_evaluation`). Drafts are loaded and drafted with through pipeline/drafts/
+(`load`, and each kind's drafter from its registry); this stage imports
+nothing of train/.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Same conventions as the training config: pydantic models, frozen, unknown
 keys rejected; `load_eval_config` names the file, the dotted key and the
 problem. Paths of drafts are training run directories, checkpoints or
-speculators exports (see pipeline/evaluate/drafters/load.py).
+speculators exports (see pipeline/drafts/load.py).
 """
 
 from __future__ import annotations

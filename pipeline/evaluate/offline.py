@@ -35,7 +35,7 @@ from pipeline.evaluate.uncertainty import PerSample, macro_tau_interval
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.evaluate.drafters.base import DraftBlocks, Drafter
+    from pipeline.drafts.drafter import DraftBlocks, Drafter
     from pipeline.shards.reader import TrainingSample
 
 
@@ -264,7 +264,7 @@ def draft_in_chunks(drafter: Drafter, sample: TrainingSample, anchors: torch.Ten
     makes every anchor's block logits large: 500 anchors x 16 x 152k floats is 5 GB)."""
     import torch
 
-    from pipeline.evaluate.drafters.base import DraftBlocks
+    from pipeline.drafts.drafter import DraftBlocks
 
     parts = [drafter.draft(sample, a) for a in anchors.split(ANCHORS_PER_CALL)]
     conf = [p.confidence_logit for p in parts]

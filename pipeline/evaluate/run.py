@@ -27,9 +27,13 @@ from typing import TYPE_CHECKING, Any
 from pipeline.evaluate.config import DraftEntry, EvalConfig
 from pipeline.logs import kv
 
+# Held-out samples are cut to this many tokens, the training default of
+# `data.max_seq_len` (what evaluation has always read them with).
+MAX_SEQ_LEN = 4096
+
 if TYPE_CHECKING:
-    from pipeline.evaluate.drafters.base import Drafter
-    from pipeline.evaluate.drafters.load import LoadedDraft
+    from pipeline.drafts.drafter import Drafter
+    from pipeline.drafts.load import LoadedDraft
     from pipeline.shards.reader import TrainingSample
 
 log = logging.getLogger(__name__)
@@ -125,20 +129,19 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
 def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, version, frac):
     import json
 
+    from pipeline.drafts.family import language_config
     from pipeline.evaluate.offline import inexact_reasons
-    from pipeline.train.config import TrainDataConfig
-    from pipeline.train.data import TrainingData
+    from pipeline.shards.split import DatasetSplit
 
-    data = TrainingData(
-        TrainDataConfig(
-            uri=uri,
-            version=version,
-            endpoint_url=config.data.endpoint_url,
-            domains=config.data.domains,
-            heldout_fraction=frac,
-        )
+    data = DatasetSplit(
+        uri,
+        version=version,
+        endpoint_url=config.data.endpoint_url,
+        domains=config.data.domains,
+        heldout_fraction=frac,
+        max_seq_len=MAX_SEQ_LEN,
     )
-    target_config = json.loads((target_dir / "config.json").read_text())
+    target_config = language_config(json.loads((target_dir / "config.json").read_text()))
     for spec in specs.values():
         data.check(
             target=config.target,
@@ -198,12 +201,12 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
 
 
 def _run_evaluation(config: EvalConfig) -> EvalResult:
+    from pipeline.drafts.common import load_target_head
+    from pipeline.drafts.load import load_draft
+    from pipeline.drafts.registry import make_drafter
     from pipeline.evaluate.calibration import in_calibration_split
-    from pipeline.evaluate.drafters.load import load_draft
-    from pipeline.evaluate.drafters.registry import make_drafter
     from pipeline.evaluate.report import write_report
     from pipeline.targets.resolve import resolve_model
-    from pipeline.train.drafts.common import load_target_head
 
     started = time.monotonic()
     target_dir = Path(resolve_model(config.target))
@@ -314,7 +317,7 @@ def serve_drafts(
     served draft's offline T=0 tau on the same prompts' stored answers beside vLLM's."""
     import json
 
-    from pipeline.evaluate.drafters.registry import make_drafter
+    from pipeline.drafts.registry import make_drafter
     from pipeline.evaluate.offline import build_tables, tau, walk_tables
     from pipeline.evaluate.serving import run_serving
 
@@ -450,8 +453,8 @@ def demo_report(
     and EAGLE-3 drafts that are given (only drafts that were trained), and an
     untrained copy (the floor).
     """
+    from pipeline.drafts.load import draft_target
     from pipeline.evaluate.config import parse_eval_config
-    from pipeline.evaluate.drafters.load import draft_target
 
     drafts: list[dict] = [
         {"name": "DSpark", "path": str(dspark)},

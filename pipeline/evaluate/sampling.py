@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.evaluate.drafters.base import Drafter
+    from pipeline.drafts.drafter import Drafter
     from pipeline.shards.reader import TrainingSample
 
 

@@ -7,7 +7,7 @@ DFlash backbone, which vLLM's CPU build runs).
 
 vLLM decodes the evaluation prompts with the exported draft as its
 speculative decoder (one fresh engine in a child process, via
-`pipeline.train.vllm_check.decode`; counters read before and after and
+`pipeline.drafts.vllm_check.decode`; counters read before and after and
 subtracted, as they are cumulative). The offline walk then runs on exactly
 the trajectories vLLM produced: the HF reference target captures their
 features (fp32, as the fp32 engine's drafter reads them), and the same draft
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pipeline.drafts.drafter import Drafter
+    from pipeline.drafts.load import LoadedDraft
     from pipeline.evaluate.config import VllmCheckConfig
-    from pipeline.evaluate.drafters.base import Drafter
-    from pipeline.evaluate.drafters.load import LoadedDraft
     from pipeline.shards.reader import TrainingSample
 
 
@@ -144,8 +144,8 @@ def compare_with_vllm(
 
     import torch
 
+    from pipeline.drafts.vllm_check import decode
     from pipeline.evaluate.offline import build_tables, tau, walk_tables
-    from pipeline.train.vllm_check import decode
 
     started = time.perf_counter()
     n = drafter.num_draft_tokens
@@ -192,7 +192,7 @@ def check_against_vllm(
     says) and compare with the offline walk of the same weights on vLLM's trajectories."""
     import json
 
-    from pipeline.evaluate.drafters.registry import make_drafter
+    from pipeline.drafts.registry import make_drafter
 
     if draft.export_dir is None:
         raise ValueError(f"vllm.draft {config.draft!r} has no export directory to serve")

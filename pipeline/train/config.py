@@ -3,7 +3,7 @@
 One pydantic model per concern (draft architecture, loss weights, data,
 optimiser, run), all frozen and forbidding unknown keys. What differs between
 draft kinds (defaults, fixed fields, loss weights) comes from the one table of
-kinds, pipeline/train/drafts/registry.py; `DraftConfig.resolve` turns a draft
+kinds, pipeline/drafts/registry.py; `DraftConfig.resolve` turns a draft
 config into the DraftSpec a checkpoint records. `load_train_config`
 reads a YAML file and fails with the same message style as pipeline/config.py:
 file, dotted key, problem.
@@ -19,18 +19,18 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
-from pipeline.train.drafts.family import embed_scale_of, language_config, logit_softcap_of, rope_of
-from pipeline.train.drafts.registry import KINDS, draft_kind
-from pipeline.train.drafts.spec import DraftSpec
+from pipeline.drafts.family import embed_scale_of, language_config, logit_softcap_of, rope_of
+from pipeline.drafts.registry import KINDS, draft_kind
+from pipeline.drafts.spec import DraftSpec
 
 
 class DraftConfig(ConfigModel):
     """The draft architecture (docs/design.md#the-draft-dspark). Unset sizes copy the target's."""
 
-    # A kind of pipeline/train/drafts/registry.py. dspark: DFlash backbone +
+    # A kind of pipeline/drafts/registry.py. dspark: DFlash backbone +
     # Markov logit-bias head + confidence head. dflash: the same backbone
     # without the heads, trained with CE only. eagle3: the EAGLE-3 baseline
-    # (pipeline/train/drafts/eagle3.py): one layer, the training-time test
+    # (pipeline/drafts/eagle3/model.py): one layer, the training-time test
     # unrolled block_size steps (default 1 layer, 7 steps).
     kind: str = "dspark"
     num_layers: int = Field(5, gt=0)
@@ -89,7 +89,7 @@ class DraftConfig(ConfigModel):
     ) -> DraftSpec:
         """The DraftSpec: unset sizes filled from the target's config.json contents
         (its language model's, for a multimodal checkpoint), and what the draft copies
-        from the target's family (pipeline/train/drafts/family.py)."""
+        from the target's family (pipeline/drafts/family.py)."""
         cfg = language_config(target_config)
         rope_theta, rope_scaling = rope_of(cfg)
         hidden = cfg["hidden_size"]
@@ -271,7 +271,7 @@ class TrainConfig(ConfigModel):
     # fp32, or bf16 autocast with fp32 master weights (frozen target tables in
     # bf16); auto: bf16 on GPU, fp32 on CPU.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    # Block attention (pipeline/train/drafts/common.py): sdpa (fused kernels, any
+    # Block attention (pipeline/drafts/common.py): sdpa (fused kernels, any
     # device), flex (block-sparse flex_attention, compiled; GPU only: it has no
     # CPU backward), eager (the reference; materialises the scores).
     attention: Literal["sdpa", "flex", "eager"] = "sdpa"

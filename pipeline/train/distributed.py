@@ -198,7 +198,7 @@ def load_states(
 def plain_copy(objective: nn.Module, *, rank: int) -> nn.Module | None:
     """A one-process copy of an FSDP-wrapped DraftObjective (collective: every rank
     gathers; rank 0 gets the copy, on the objective's device, the others None)."""
-    from pipeline.train.drafts.registry import draft_kind
+    from pipeline.drafts.registry import draft_kind
     from pipeline.train.objective import DraftObjective
 
     state = model_state(objective, "fsdp")

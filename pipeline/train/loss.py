@@ -20,7 +20,9 @@ Two forms of the same loss:
 The EAGLE-3 baseline uses the same function with only the forward-KL term
 `KL(p_target || p_draft)` (EAGLE-3's soft-label cross-entropy minus the
 target's entropy: same gradient, 0 at a perfect draft) and the step weights
-`decay**s` of `ttt_step_weights`.
+`decay**s`. The weights of each slot or step are the draft kind's
+(`DraftKind.step_weights`: `slot_weights` in drafts/dspark/model.py,
+`ttt_step_weights` in drafts/eagle3/model.py).
 
 Sums, not means, come back with the normaliser separate, so data-parallel
 workers can all-reduce the normaliser first and every worker's share of the
@@ -35,18 +37,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-
-def slot_weights(*, block_size: int, first_offset: int, gamma: float) -> torch.Tensor:
-    """(B,) weight per query slot: exp(-(k-1)/gamma) with k = slot + first_offset; 0 if k < 1."""
-    k = torch.arange(block_size, dtype=torch.float32) + first_offset
-    w = torch.exp(-(k - 1) / gamma)
-    return torch.where(k >= 1, w, torch.zeros_like(w))
-
-
-def ttt_step_weights(*, num_steps: int, decay: float) -> torch.Tensor:
-    """(num_steps,) EAGLE-3 weight of unrolled step s (0-based): decay**s (0.8 in EAGLE-3)."""
-    return decay ** torch.arange(num_steps, dtype=torch.float32)
 
 
 @dataclass

@@ -1,8 +1,9 @@
-"""How decoded samples become a training batch: truncation, anchors, packing.
+"""How decoded samples become a training batch: anchors, packing.
 
-* **Truncation**: a sample longer than `max_seq_len` keeps its first
-  `max_seq_len` tokens (prompt first, then the answer's beginning); anchors are
-  drawn on what is kept, so memory per sample is bounded whatever the answer.
+* **Truncation** (pipeline/shards/split.py, at decoding): a sample longer than
+  `max_seq_len` keeps its first `max_seq_len` tokens (prompt first, then the
+  answer's beginning); anchors are drawn on what is kept, so memory per sample
+  is bounded whatever the answer.
 * **Anchors**: up to `num_anchors` per sequence among loss-mask positions whose
   next token is also a loss-mask token, seeded per (seed, epoch, sample id), so
   the same sample yields different blocks each epoch and any micro-batch split
@@ -13,15 +14,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 
 import torch
 
+from pipeline.drafts.common import DraftInputs
+from pipeline.drafts.spec import DraftSpec
 from pipeline.shards.reader import TrainingSample
-from pipeline.train.drafts.common import DraftInputs
-from pipeline.train.drafts.spec import DraftSpec
 
 
 @dataclass
@@ -62,23 +62,6 @@ def derived_seed(*parts: object) -> int:
     """A 63-bit seed from its parts (stable across runs and machines)."""
     blob = "/".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") & ((1 << 63) - 1)
-
-
-def truncate(sample: TrainingSample, max_len: int | None) -> TrainingSample:
-    """The first `max_len` tokens of `sample` (itself when it is not longer)."""
-    t = len(sample.input_ids)
-    if max_len is None or t <= max_len:
-        return sample
-    return dataclasses.replace(
-        sample,
-        input_ids=sample.input_ids[:max_len],
-        loss_mask=sample.loss_mask[:max_len],
-        hidden_states=sample.hidden_states[:max_len],
-        last_hidden_state=sample.last_hidden_state[:max_len],
-        num_prompt_tokens=min(sample.num_prompt_tokens, max_len),
-        num_generated_tokens=max(0, max_len - sample.num_prompt_tokens),
-        finish_reason="truncated",
-    )
 
 
 def choose_anchors(

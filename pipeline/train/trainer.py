@@ -21,14 +21,14 @@ checkpoint, and `train()` loops over named steps:
   in one format under both;
 * `precision: bf16` (default on GPU): autocast with fp32 master weights,
   the frozen target tables stored in bf16; gradient clipping;
-* checkpoints (pipeline/train/checkpoint.py) hold model, optimiser,
+* checkpoints (pipeline/drafts/checkpoint.py) hold model, optimiser,
   scheduler, step and data position; a restarted run resumes from the latest
   one and continues the same loss curve;
 * every step is a row of `<out_dir>/metrics.jsonl` (pipeline/train/metrics.py)
   and a progress bar on rank 0.
 
 What differs between draft kinds (model class, loss weights, slot weights,
-mask token) comes from pipeline/train/drafts/registry.py. Checkpoints and
+mask token) comes from pipeline/drafts/registry.py. Checkpoints and
 metrics are written by rank 0 to `out_dir`: on a multi-node cluster that
 must be a shared filesystem. (A little over 400 lines: the public entry
 point, its result and the loop's named steps read best in one place; metrics,
@@ -45,17 +45,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.logs import kv
-from pipeline.shards.pins import release_pins, run_pin_prefix, version_pin
-from pipeline.torch_threads import torch_threads
-from pipeline.train.checkpoint import (
+from pipeline.drafts.checkpoint import (
     export_dir,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
+from pipeline.drafts.registry import draft_kind
+from pipeline.logs import kv
+from pipeline.shards.pins import release_pins, run_pin_prefix, version_pin
+from pipeline.torch_threads import torch_threads
 from pipeline.train.config import TrainConfig, dump_train_config
-from pipeline.train.drafts.registry import draft_kind
 from pipeline.train.metrics import (
     MetricsLog,
     heldout_metrics,
@@ -119,7 +119,7 @@ def train(
     if result.steps >= config.num_steps:
         release_run_pins(config)  # finished: no resume will read the data again
     if export and result.steps >= config.num_steps:
-        from pipeline.train.export import export_checkpoint
+        from pipeline.drafts.export import export_checkpoint
 
         if config.export.dflash_backbone is not None:
             log.warning(
@@ -219,7 +219,7 @@ def _mask_token_id(config: TrainConfig, target_dir: Path) -> int:
         return config.draft.mask_token_id
     if not draft_kind(config.draft.kind).mask_token:
         return 0
-    from pipeline.train.drafts.common import tokenizer_mask_token_id
+    from pipeline.drafts.common import tokenizer_mask_token_id
 
     return tokenizer_mask_token_id(target_dir)
 
@@ -239,9 +239,10 @@ class Trainer:
         import torch
         import torch.distributed as dist
 
+        from pipeline.drafts.common import load_target_head
+        from pipeline.drafts.family import language_config
         from pipeline.targets.resolve import resolve_model
         from pipeline.train.data import DataPosition, TrainingData
-        from pipeline.train.drafts.common import load_target_head
         from pipeline.train.objective import DraftObjective
         from pipeline.train.optim import build_optimizer, build_scheduler
 
@@ -259,7 +260,7 @@ class Trainer:
         self.data = TrainingData(config.data, pin_prefix=run_pin_prefix(config.out_dir))
         self.data.check(
             target=config.target,
-            target_config=target_config,
+            target_config=language_config(target_config),
             aux_layer_ids=config.draft.aux_layer_ids,
         )
         self.spec = config.draft.resolve(

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pipeline.evaluate.drafters.base import DraftBlocks
+from pipeline.drafts.drafter import DraftBlocks
 from pipeline.evaluate.offline import (
     accepted_lengths,
     evaluate_offline,

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError
+from pipeline.drafts.dspark.drafter import DSparkDrafter
+from pipeline.drafts.load import load_draft
+from pipeline.drafts.registry import make_drafter
 from pipeline.evaluate.calibration import Calibration
 from pipeline.evaluate.config import parse_eval_config
-from pipeline.evaluate.drafters.dspark import DSparkDrafter
-from pipeline.evaluate.drafters.load import load_draft
-from pipeline.evaluate.drafters.registry import make_drafter
 from pipeline.evaluate.offline import anchor_table, walk
 from pipeline.evaluate.run import EvalResult, demo_report, load_heldout, run_evaluation
 from pipeline.evaluate.sampling import HFVerifier, live_decode

@@ -213,8 +213,8 @@ def test_a_gguf_target_without_a_mask_token_trains_and_exports(
     from transformers import AutoTokenizer
 
     from pipeline.demo.reference_shards import write_reference_shards
+    from pipeline.drafts.checkpoint import load_checkpoint
     from pipeline.targets.resolve import resolve_model
-    from pipeline.train.checkpoint import load_checkpoint
     from pipeline.train.config import parse_train_config
     from pipeline.train.trainer import train
 

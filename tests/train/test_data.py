@@ -1,20 +1,14 @@
-"""The shard-streaming data path: validation, held-out split, anchors, packing, resume position."""
+"""The shard-streaming data path: epochs without the held-out split, anchors, packing,
+resume position (validation and the split itself: tests/shards/test_split.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 
+from pipeline.shards.split import is_heldout, truncate
 from pipeline.train.config import DraftConfig, TrainDataConfig, resolve_spec
-from pipeline.train.data import (
-    DataMismatchError,
-    DataPosition,
-    TrainingData,
-    is_heldout,
-    iter_batches,
-)
+from pipeline.train.data import DataPosition, TrainingData, iter_batches
 from pipeline.train.packing import sample_anchors
 
 
@@ -31,19 +25,6 @@ def spec(data, trained_target_dir):
         data.provenance.aux_layer_ids,
         mask_token_id=3,
     )
-
-
-def test_check_rejects_other_target_and_layers(data, trained_target_dir, random_target_dir):
-    cfg = json.loads((trained_target_dir / "config.json").read_text())
-    data.check(target="toy:trained", target_config=cfg, aux_layer_ids=None)
-    with pytest.raises(DataMismatchError, match=r"captured from target 'toy:trained'.*toy:random"):
-        data.check(target="toy:random", target_config=cfg, aux_layer_ids=None)
-    other = json.loads((random_target_dir / "config.json").read_text())
-    with pytest.raises(DataMismatchError, match=r"hidden_size 128 != the target's hidden_size 64"):
-        data.check(target="toy:trained", target_config=other, aux_layer_ids=None)
-    with pytest.raises(DataMismatchError, match=r"draft.aux_layer_ids \[2, 3\]") as err:
-        data.check(target="toy:trained", target_config=cfg, aux_layer_ids=[2, 3])
-    assert data.dataset.uri in str(err.value)
 
 
 def test_heldout_split_is_stable_and_never_trained(data):
@@ -150,8 +131,6 @@ def test_micro_batches_split_the_step_into_the_same_blocks(data, spec):
 
 
 def test_long_samples_are_truncated_before_anchors_are_drawn(toy_shards, spec):
-    from pipeline.train.packing import truncate
-
     cfg = TrainDataConfig(uri=str(toy_shards), num_anchors=8, heldout_fraction=0.1, max_seq_len=40)
     short = TrainingData(cfg)
     refs = short.epoch_order(0, seed=0)[:6]

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
+from pipeline.drafts.family import language_config
 from pipeline.toy.families import FAMILIES, build_family_target
-from pipeline.train.drafts.family import language_config
 
 AUX = (1, 2)
 
@@ -41,10 +41,10 @@ def family(request, tmp_path_factory):
 def test_config_resolution_and_capture_follow_the_family(family):
     from transformers import AutoModelForCausalLM
 
+    from pipeline.drafts.common import load_target_head, softcap
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.reader import ShardReader
     from pipeline.targets.resolve import target_shape
-    from pipeline.train.drafts.common import load_target_head, softcap
 
     name, target, uri = family
     config = json.loads((target / "config.json").read_text())
@@ -103,7 +103,7 @@ def test_a_draft_of_the_family_trains_and_exports(family, tmp_path):
     )
     result = train(config)
     assert result.steps == 2 and all(math.isfinite(m["loss"]) for m in result.metrics)
-    from pipeline.train.checkpoint import load_checkpoint
+    from pipeline.drafts.checkpoint import load_checkpoint
 
     spec = load_checkpoint(result.checkpoint).spec
     exported = json.loads((result.export_dir / "config.json").read_text())

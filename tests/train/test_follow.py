@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.demo.reference_shards import reference_config
+from pipeline.drafts.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.regenerate.run import run_local
 from pipeline.shards.lease import lease_holder
 from pipeline.shards.manifest import Dataset
 from pipeline.targets.hf_backend import HFTarget
 from pipeline.torch_threads import torch_threads
-from pipeline.train.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.train.config import parse_train_config
 from pipeline.train.data import TrainingData
 from pipeline.train.metrics import read_metrics

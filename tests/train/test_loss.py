@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
+from pipeline.drafts.dspark.model import slot_weights
 from pipeline.train.loss import (
     block_stats,
     chunked_draft_loss,
     draft_loss,
-    slot_weights,
     summarize,
 )
-
-
-def test_slot_weights_decay_and_skip_nonpredicting_slot():
-    w = slot_weights(block_size=4, first_offset=1, gamma=4.0)
-    assert torch.allclose(w, torch.tensor([1.0, math.exp(-0.25), math.exp(-0.5), math.exp(-0.75)]))
-    w0 = slot_weights(block_size=4, first_offset=0, gamma=4.0)
-    assert w0[0] == 0 and torch.allclose(w0[1:], w[:3])
 
 
 def test_loss_parts_match_hand_computation():

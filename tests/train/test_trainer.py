@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pipeline.train.checkpoint import latest_checkpoint
+from pipeline.drafts.checkpoint import latest_checkpoint
 from pipeline.train.config import parse_train_config
 from pipeline.train.trainer import train
 

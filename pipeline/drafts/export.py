@@ -1,0 +1,179 @@
+"""Export a trained draft in the speculators format that vLLM serves (DESIGN.md §10).
+
+A directory with `config.json` (speculators_model_type, transformer_layer_config,
+speculators_config with the verifier, the kind's own fields) and
+`model.safetensors` whose tensor names are the ones vLLM's loaders read.
+Embeddings and lm_head are not saved (vLLM shares the target's) unless the
+format carries them (EAGLE-3). Which format a draft exports as, how that
+format's config.json is written and read, and whether it carries the
+target's tensors are the registry's (pipeline/drafts/registry.py; the
+formats themselves are dspark/export.py and eagle3/export.py, their shared
+fields speculators.py). A draft exported to another kind's format (a DSpark
+draft of the fill-in layout as dflash) drops its heads. The confidence head
+stays fp32 (vLLM builds it with params_dtype float32).
+
+Reading is `read_export` / `spec_from_export`: evaluation loads a served
+export exactly as it loads a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.drafts.checkpoint import load_checkpoint
+from pipeline.drafts.registry import KINDS, draft_kind
+from pipeline.drafts.spec import DraftSpec
+from pipeline.drafts.speculators import common_spec_fields
+
+log = logging.getLogger(__name__)
+
+_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+# Tensors of the target a format with `target_tensors` carries (EAGLE-3).
+TARGET_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class ExportPaths:
+    draft: Path  # the export directory
+    dflash_backbone: Path | None  # the same, when it holds a DSpark draft's DFlash backbone
+
+
+def speculators_config(
+    spec: DraftSpec, *, model_type: str, verifier: str, target_config: dict
+) -> dict:
+    """config.json of `spec` exported as `model_type` (a kind's format: 'dspark',
+    'dflash' or 'eagle3')."""
+    kind = draft_kind(spec.kind)
+    if model_type not in (kind.export_format, kind.fill_in_format):
+        raise ValueError(
+            f"a {spec.kind} draft exports as {kind.export_format}"
+            + (f" (in the fill-in layout as {kind.fill_in_format})" if kind.fill_in_format else "")
+            + f", not as {model_type}"
+        )
+    return draft_kind(model_type).format.config(
+        spec, verifier=verifier, target_config=target_config
+    )
+
+
+def export_draft(
+    *,
+    state: dict,
+    spec: DraftSpec,
+    out: Path,
+    model_type: str,
+    verifier: str,
+    target_config: dict,
+    dtype: str | None = None,
+    target_tensors: dict | None = None,
+) -> Path:
+    """Write one speculators-format directory; returns it. `target_tensors` (the
+    target's `embed_tokens.weight` and `lm_head.weight`) go into EAGLE-3 exports."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = speculators_config(
+        spec, model_type=model_type, verifier=verifier, target_config=target_config
+    )
+    torch_dtype = getattr(torch, dtype or config["transformer_layer_config"]["torch_dtype"])
+    keep_heads = model_type == draft_kind(spec.kind).export_format
+    carries_target = draft_kind(model_type).format.target_tensors
+    tensors = {}
+    for name, tensor in state.items():
+        if not keep_heads and name.startswith(_HEAD_PREFIXES):
+            continue
+        # The confidence head stays fp32 (vLLM builds it with params_dtype float32).
+        want = torch.float32 if name.startswith("confidence_head.") else torch_dtype
+        tensors[name] = tensor.detach().to("cpu", want).contiguous()
+    if carries_target:
+        if not target_tensors:
+            raise ValueError(
+                f"an {model_type} export carries the target's embed_tokens and lm_head "
+                "(speculators' Eagle3 reads them from the checkpoint): pass target_tensors"
+            )
+        for name in TARGET_TENSORS:
+            tensors[name] = target_tensors[name].detach().to("cpu", torch_dtype).contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    log.info("exported %s draft to %s (%d tensors)", model_type, out, len(tensors))
+    return out
+
+
+def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = None) -> ExportPaths:
+    """Export a trainer checkpoint (checkpoints/step-N) to `out`, in its kind's format for
+    its layout (a DSpark draft in the fill-in layout: its DFlash backbone)."""
+    from pipeline.targets.resolve import resolve_model
+
+    ckpt = load_checkpoint(checkpoint)
+    spec, kind = ckpt.spec, draft_kind(ckpt.spec.kind)
+    target_dir = resolve_model(ckpt.target)
+    target_config = json.loads((Path(target_dir) / "config.json").read_text())
+    model_type = kind.format_for(spec)
+    target_tensors = None
+    if draft_kind(model_type).format.target_tensors:
+        from pipeline.drafts.common import load_target_head
+
+        embed, head = load_target_head(target_dir, dtype=None)
+        target_tensors = dict(zip(TARGET_TENSORS, (embed, head), strict=True))
+    draft = export_draft(
+        state=ckpt.model_state(),
+        spec=spec,
+        out=out,
+        model_type=model_type,
+        verifier=verifier or str(Path(target_dir).resolve()),
+        target_config=target_config,
+        target_tensors=target_tensors,
+    )
+    return ExportPaths(draft, draft if model_type != kind.export_format else None)
+
+
+# ---------------------------------------------------------------------- reading
+
+
+def is_export(path: str | Path) -> bool:
+    return (Path(path) / CONFIG).exists() and (Path(path) / WEIGHTS).exists()
+
+
+def _format_kind(config: dict, where: str):
+    """The kind whose format wrote `config` (its `speculators_model_type`)."""
+    model_type = config["speculators_model_type"]
+    if model_type not in KINDS:
+        raise ValueError(
+            f"{where}: speculators_model_type {model_type!r} is none of {sorted(KINDS)}"
+        )
+    return KINDS[model_type]
+
+
+def spec_from_export(config: dict, where: str) -> DraftSpec:
+    """Rebuild the DraftSpec of a speculators-format export from its config.json."""
+    try:
+        fmt = _format_kind(config, where).format
+        return DraftSpec(**common_spec_fields(config), **fmt.spec_fields(config))
+    except (KeyError, IndexError) as err:
+        raise ValueError(
+            f"{where}: speculators config lacks {err.args[0]!r}; is this a dspark-targets export?"
+        ) from None
+
+
+def read_export(path: str | Path, *, weights: bool = True) -> tuple[DraftSpec, dict | None]:
+    """(spec, tensors) of the export in `path`; tensors None unless `weights`."""
+    path = Path(path)
+    spec = spec_from_export(json.loads((path / CONFIG).read_text()), str(path))
+    if not weights:
+        return spec, None
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path / WEIGHTS))
+    # The target's own tables (EAGLE-3 exports carry them) are not draft weights.
+    return spec, {k: v for k, v in tensors.items() if k not in TARGET_TENSORS}
+
+
+def export_target(path: str | Path) -> str:
+    """The verifier an export names (`speculators_config.verifier.name_or_path`)."""
+    config = json.loads((Path(path) / CONFIG).read_text())
+    return config["speculators_config"]["verifier"]["name_or_path"]

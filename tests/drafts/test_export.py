@@ -1,0 +1,208 @@
+"""Export: speculators config and tensor names as vLLM reads them, and real vLLM serving.
+
+The serving tests train small drafts on toy shards, export them and decode
+held-out prompts with vLLM's CPU build, plain and speculative, at
+temperature 0: outputs must be identical and the acceptance counters are
+read and printed. The DSpark method itself needs vLLM's Model Runner V2
+(Triton), so its test runs only on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from draft_specs import train_small_draft
+from safetensors import safe_open
+
+from pipeline.drafts.checkpoint import latest_checkpoint
+from pipeline.drafts.export import export_checkpoint
+
+from .conftest import SERVE_MAX_TOKENS, toy_prompts
+
+
+def _train(shards, out_dir, kind: str, num_steps: int, **draft):
+    draft = dict(kind=kind, num_layers=2, block_size=5, markov_rank=32, **draft)
+    return train_small_draft(shards, out_dir, draft, num_steps=num_steps)
+
+
+@pytest.fixture(scope="module")
+def drafts(toy_shards, tmp_path_factory):
+    """A DFlash draft and a DSpark draft in the fill-in layout (trained, exported as DFlash),
+    and a DSpark draft in the anchor layout (2 steps: only its export format matters)."""
+    root = tmp_path_factory.mktemp("drafts")
+    return {
+        "dflash": _train(toy_shards, root / "dflash", "dflash", 60),
+        "dspark": _train(toy_shards, root / "dspark", "dspark", 60, sample_from_anchor=False),
+        "anchor": _train(toy_shards, root / "anchor", "dspark", 2),  # sample_from_anchor: true
+    }
+
+
+def _tensor_names(path):
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+
+
+def _config(result):
+    return json.loads((result.export_dir / "config.json").read_text())
+
+
+def test_speculators_config_as_vllm_converts_it(drafts, toy_shards):
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    from pipeline.shards.manifest import Dataset
+
+    aux = list(Dataset.open(str(toy_shards)).manifest().provenance.aux_layer_ids)
+    config = _config(drafts["dflash"])
+    assert config["speculators_model_type"] == "dflash"
+    assert config["aux_hidden_state_layer_ids"] == aux
+    assert config["sliding_window_non_causal"] is True
+    vllm_cfg = SpeculatorsConfig.extract_transformers_pre_trained_config(
+        json.loads(json.dumps(config))
+    )
+    assert vllm_cfg["dflash_config"]["target_layer_ids"] == [k - 1 for k in aux]
+    assert vllm_cfg["eagle_aux_hidden_state_layer_ids"] == aux
+    assert vllm_cfg["dflash_config"]["causal"] is False
+    assert vllm_cfg["dflash_config"]["mask_token_id"] == 3
+
+    dspark_cfg = _config(drafts["anchor"])
+    converted = SpeculatorsConfig.extract_transformers_pre_trained_config(dspark_cfg)
+    assert converted["architectures"] == ["Qwen3DSparkModel"]
+    assert converted["target_layer_ids"] == [k - 1 for k in aux]
+    assert converted["markov_rank"] == 32 and converted["enable_confidence_head"] is True
+    assert converted["sample_from_anchor"] is True and converted["dspark_bonus_anchor"] is False
+    # speculators 0.9 accepts only the greedy proposal type; vLLM takes the method from the type.
+    for name, method, n in (
+        ("dflash", "dflash", 4),
+        ("dspark", "dflash", 4),
+        ("anchor", "dspark", 5),
+    ):
+        config = _config(drafts[name])
+        proposal = config["speculators_config"]["proposal_methods"][0]
+        assert proposal == {"proposal_type": "greedy", "speculative_tokens": n}, name
+        assert config["speculators_config"]["default_proposal_method"] == "greedy"
+        assert SpeculatorsConfig.extract_vllm_speculative_config(config) == {
+            "method": method,
+            "num_speculative_tokens": n,
+        }
+
+
+def test_tensor_names_are_vllms(drafts):
+    names = _tensor_names(drafts["anchor"].export_dir)
+    h, v = 128, 1600
+    assert names["fc.weight"] == (h, 3 * h)
+    assert {"hidden_norm.weight", "norm.weight"} <= set(names)
+    for i in range(2):
+        for part in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+            assert f"layers.{i}.self_attn.{part}.weight" in names
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            assert f"layers.{i}.mlp.{part}.weight" in names
+    assert names["markov_head.markov_w1.weight"] == (v, 32)
+    assert names["markov_head.markov_w2.weight"] == (v, 32)
+    assert names["confidence_head.proj.weight"] == (1, h + 32)
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)
+    backbone = _tensor_names(drafts["dspark"].dflash_dir)
+    assert set(backbone) == {n for n in names if not n.startswith(("markov_", "confidence_"))}
+    assert set(backbone) == set(_tensor_names(drafts["dflash"].export_dir))
+
+
+def test_dspark_exports_only_in_the_anchor_layout(drafts, tmp_path):
+    """The anchor layout exports as dspark (never as DFlash: off by one); the fill-in
+    layout exports its DFlash backbone only (vLLM's DSpark speculator assumes the anchor)."""
+    from pipeline.drafts.export import export_draft
+    from pipeline.drafts.spec import DraftSpec
+
+    anchor, fill_in = drafts["anchor"], drafts["dspark"]
+    assert anchor.export_dir is not None and anchor.dflash_dir is None
+    assert _config(anchor)["sample_from_anchor"] is True
+    assert fill_in.dflash_dir == fill_in.export_dir
+    assert _config(fill_in)["speculators_model_type"] == "dflash"
+    assert _config(fill_in)["dspark_targets"]["trained_kind"] == "dspark"
+    for result, model_type, error in (
+        (anchor, "dflash", "off by one"),
+        (fill_in, "dspark", "needs sample_from_anchor=true"),
+    ):
+        spec = DraftSpec.from_json((latest_checkpoint(result.out_dir) / "spec.json").read_text())
+        with pytest.raises(ValueError, match=error):
+            export_draft(
+                state={},
+                spec=spec,
+                out=tmp_path / "x",
+                model_type=model_type,
+                verifier="t",
+                target_config={},
+            )
+    again = export_checkpoint(latest_checkpoint(anchor.out_dir), tmp_path / "again")
+    assert _tensor_names(again.draft) == _tensor_names(anchor.export_dir)
+
+
+@pytest.mark.slow
+def test_vllm_serves_dflash_and_dspark_backbone_losslessly(
+    drafts, trained_target_dir, plain_toy_decode
+):
+    from pipeline.drafts.vllm_check import decode
+
+    prompts, plain = plain_toy_decode  # shared with the EAGLE-3 serving test
+    assert all(plain.outputs) and plain.num_drafts == 0
+    for name, draft_dir in (
+        ("dflash", drafts["dflash"].export_dir),
+        ("dspark backbone as dflash", drafts["dspark"].dflash_dir),
+    ):
+        spec = decode(
+            trained_target_dir,
+            prompts,
+            max_tokens=SERVE_MAX_TOKENS,
+            draft_dir=draft_dir,
+            method="dflash",
+            num_speculative_tokens=4,
+        )
+        print(
+            f"{name}: drafts={spec.num_drafts} draft_tokens={spec.num_draft_tokens} "
+            f"accepted={spec.num_accepted_tokens} per_pos={spec.accepted_per_pos} tau={spec.tau:.3f}"
+        )
+        assert spec.outputs == plain.outputs, f"{name}: speculative output differs from plain"
+        assert spec.num_drafts > 0 and spec.num_draft_tokens == 4 * spec.num_drafts
+        assert spec.num_accepted_tokens == sum(spec.accepted_per_pos)
+        per_pos = spec.accepted_per_pos
+        assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))  # prefix acceptance
+
+
+def _dspark_runs_here() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _dspark_runs_here(),
+    reason="vLLM's dspark method exists only in Model Runner V2, which needs a GPU and Triton; "
+    "this machine has neither (the DSpark backbone is tested as DFlash above)",
+)
+def test_vllm_serves_dspark_on_gpu(drafts, trained_target_dir):
+    from pipeline.drafts.vllm_check import decode
+
+    prompts = toy_prompts(trained_target_dir)
+    plain = decode(
+        trained_target_dir, prompts, max_tokens=48, dtype="bfloat16", gpu_memory_utilization=0.3
+    )
+    spec = decode(
+        trained_target_dir,
+        prompts,
+        max_tokens=48,
+        draft_dir=drafts["anchor"].export_dir,  # dspark serves the anchor layout
+        method="dspark",
+        num_speculative_tokens=5,
+        dtype="bfloat16",
+        gpu_memory_utilization=0.3,
+    )
+    print(
+        f"dspark: drafts={spec.num_drafts} accepted={spec.num_accepted_tokens} tau={spec.tau:.3f}"
+    )
+    assert spec.outputs == plain.outputs
+    assert spec.num_drafts > 0

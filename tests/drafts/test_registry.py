@@ -1,0 +1,92 @@
+"""The table of draft kinds: each kind builds its model with vLLM's tensor names, drafts
+with its drafter and writes and reads its own speculators format; its config defaults
+and fixed fields reach DraftConfig, and an unknown kind is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from draft_specs import tiny_spec
+
+from pipeline.config import ConfigError
+from pipeline.drafts.export import spec_from_export, speculators_config
+from pipeline.drafts.load import LoadedDraft
+from pipeline.drafts.registry import KINDS, build_draft, draft_kind, make_drafter
+from pipeline.train.config import parse_train_config
+
+BASE = dict(target="t", data=dict(uri="x"), out_dir="o", num_steps=1, global_batch_size=1)
+
+
+def _draft(**draft):
+    return parse_train_config({**BASE, "draft": draft}).draft
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_builds_a_draft_with_its_heads(kind):
+    spec = tiny_spec(kind=kind)
+    model = build_draft(spec, torch.randn(spec.vocab_size, 32), torch.randn(spec.vocab_size, 32))
+    names = set(model.state_dict())
+    assert "fc.weight" in names and "norm.weight" in names
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)  # frozen buffers
+    has_heads = any(n.startswith(("markov_head.", "confidence_head.")) for n in names)
+    assert has_heads == draft_kind(kind).heads
+    weights = draft_kind(kind).step_weights(spec, gamma=4.0, ttt_step_decay=0.8)
+    assert weights.shape == (spec.block_size,) and float(weights.max()) == 1.0
+
+
+def test_kind_defaults_and_fixed_fields_reach_the_config():
+    assert (_draft(kind="dspark").anchor_predicts, _draft(kind="dflash").anchor_predicts) == (
+        True,
+        False,
+    )
+    eagle3 = _draft(kind="eagle3")
+    assert (eagle3.num_layers, eagle3.block_size, eagle3.anchor_predicts) == (1, 7, True)
+    assert _draft(kind="eagle3", block_size=5).block_size == 5
+    with pytest.raises(ConfigError, match="only the fill-in layout"):
+        _draft(kind="dflash", sample_from_anchor=True)
+    with pytest.raises(ConfigError, match="leave sample_from_anchor unset"):
+        _draft(kind="eagle3", sample_from_anchor=False)
+    with pytest.raises(ConfigError, match=r"draft.kind: .*unknown draft kind 'medusa'"):
+        _draft(kind="medusa")
+    loss = parse_train_config(BASE).loss
+    # (ce, weight on TV, bce): the paper's 0.9 x L1 = 1.8 x TV.
+    assert loss.weights("dspark") == (0.1, 1.8, 1.0) and loss.weights("dflash") == (1.0, 0.0, 0.0)
+    old_style = parse_train_config({**BASE, "loss": {"tv_weight": 0.9}}).loss
+    assert old_style.weights("dspark") == (0.1, 0.9, 1.0)
+    assert (
+        parse_train_config({**BASE, "loss": {"l1_weight": 0.45}}).loss.weights("dspark")[1] == 0.9
+    )
+    with pytest.raises(ConfigError, match="set l1_weight or tv_weight, not both"):
+        parse_train_config({**BASE, "loss": {"l1_weight": 0.9, "tv_weight": 0.9}})
+
+
+def test_resolved_specs_carry_heads_only_for_dspark():
+    target = dict(
+        vocab_size=50, hidden_size=32, num_attention_heads=4, intermediate_size=48, head_dim=8
+    )
+    for kind in KINDS:
+        spec = _draft(kind=kind).resolve(target, aux_layer_ids=[1, 2], mask_token_id=3)
+        assert (spec.markov_rank > 0, spec.confidence_head) == (draft_kind(kind).heads,) * 2
+        assert spec.aux_layer_ids == (1, 2) and spec.kind == kind
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_drafts_and_round_trips_its_format(kind):
+    spec = tiny_spec(kind=kind, sample_from_anchor=draft_kind(kind).sample_from_anchor)
+    model = build_draft(spec, torch.randn(spec.vocab_size, 32), torch.randn(spec.vocab_size, 32))
+    drafter = make_drafter("d", LoadedDraft(model, spec, Path("p"), None, None))
+    assert drafter.model is model and drafter.num_draft_tokens == spec.num_draft_tokens
+    fmt = draft_kind(kind).format_for(spec)
+    config = speculators_config(spec, model_type=fmt, verifier="v", target_config={})
+    assert config["speculators_model_type"] == fmt == kind
+    assert spec_from_export(config, "here") == spec
+
+
+def test_an_unknown_kind_has_no_drafter():
+    draft = LoadedDraft(None, tiny_spec(kind="medusa"), Path("somewhere"), None, None)
+    with pytest.raises(ValueError, match="somewhere: no drafter for draft kind 'medusa'"):
+        make_drafter("m", draft)
+    with pytest.raises(ValueError, match="speculators_model_type 'medusa' is none of"):
+        spec_from_export({"speculators_model_type": "medusa"}, "there")
