@@ -118,6 +118,10 @@ def test_cli_inspect_and_gc(dataset):
 
 def test_cli_reports_a_missing_dataset_in_one_line(tmp_path):
     out = CliRunner().invoke(cli, ["verify", str(tmp_path / "nope")])
+    assert out.exit_code == 1 and "no such dataset" in out.output
+    assert len(out.output.strip().splitlines()) == 1
+    (tmp_path / "empty").mkdir()
+    out = CliRunner().invoke(cli, ["verify", str(tmp_path / "empty")])
     assert out.exit_code == 1 and "no committed version" in out.output
 
 
