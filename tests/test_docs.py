@@ -1,6 +1,6 @@
 """The documentation is complete inside the repository: every relative link resolves.
 
-Links in docs/ and schemas/README.md must name a file (or folder) of this
+Links in README.md, docs/ and schemas/README.md must name a file (or folder) of this
 repository, and an anchor must name a heading of the page it points to; so must
 every `docs/<page>.md#anchor` pointer in code, configs and manifests.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "schemas/README.md"]
+PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "schemas/README.md", ROOT / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 POINTER = re.compile(r"docs/([\w.-]+\.md)#([\w-]+)")
 
@@ -76,3 +76,31 @@ def test_design_pointers_in_code_and_configs_name_real_headings():
             seen += 1
             assert anchor in anchors(ROOT / "docs" / page), f"{name}: docs/{page}#{anchor}"
     assert seen >= 10  # the pointers that replaced references to a file outside the project
+
+
+def tree_map_paths(readme: Path) -> list[str]:
+    """The paths the README's map of the tree names (its "Where things live" block):
+    a line's first column, names separated by one space; names indented by two sit in
+    the folder of the last unindented line; deeper lines continue a description."""
+    text = readme.read_text()
+    block = text.split("## Where things live", 1)[1].split("```", 2)[1]
+    paths, parent = [], ""
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent > 2:  # a description running on
+            continue
+        names = re.split(r"\s{2,}", line.strip())[0].split(" ")
+        if indent:
+            paths += [parent + n for n in names]
+        else:
+            paths += names
+            parent = names[-1] if names[-1].endswith("/") else ""
+    return paths
+
+
+def test_every_path_the_readme_tree_map_names_exists():
+    paths = tree_map_paths(ROOT / "README.md")
+    assert len(paths) >= 20 and "pipeline/drafts/" in paths
+    assert [p for p in paths if not (ROOT / p).exists()] == []

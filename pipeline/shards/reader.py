@@ -218,6 +218,11 @@ class ShardReader:
         """URLs of this version's shards (all ranks), for datasets/pyarrow/DuckDB."""
         return [self.dataset.shard_url(e) for e in self.manifest.shards]
 
+    def dropped_ids(self) -> frozenset[str]:
+        """Sample ids this version tombstones that are still rows of its files: what a
+        reader of `parquet_files()` (datasets, pyarrow, DuckDB) must filter out."""
+        return frozenset(sid for e in self.manifest.shards for sid in e.dropped)
+
     def arrow_files(self) -> tuple[Any, list[str]]:
         """(pyarrow filesystem, paths) of this version's shards, for `pq.ParquetDataset`.
 

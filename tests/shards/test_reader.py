@@ -243,3 +243,23 @@ def test_verify_option_refuses_a_corrupt_shard(tmp_path):
     (tmp_path / info.path).write_bytes(bytes(data))
     with pytest.raises(DatasetError, match="does not match the manifest's"):
         list(ShardReader(str(tmp_path), verify=True))
+
+
+def test_hf_datasets_rows_filtered_by_dropped_ids_equal_the_readers(tmp_path):
+    """What the README tells a downstream reader: load the files, filter the tombstones."""
+    import datasets
+
+    ds = Dataset.open(str(tmp_path / "ds"))
+    a, sa = write_unit(ds, "unit-a", 5)
+    ds.commit([a])
+    b, sb = write_unit(ds, "unit-b", 3)
+    ds.commit([b], drop={a.path: [sa[1].sample_id, sa[4].sample_id]})  # a refresh replaced two
+    reader = ShardReader(str(tmp_path / "ds"))
+    assert reader.dropped_ids() == {sa[1].sample_id, sa[4].sample_id}
+    rows = datasets.load_dataset(
+        "parquet", data_files=reader.parquet_files(), split="train", cache_dir=str(tmp_path / "hf")
+    )
+    assert rows.num_rows == 8  # the files still hold the replaced rows
+    dropped = reader.dropped_ids()
+    rows = rows.filter(lambda r: r["sample_id"] not in dropped)
+    assert sorted(rows["sample_id"]) == sorted(s.sample_id for s in reader)
