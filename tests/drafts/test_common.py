@@ -3,6 +3,7 @@ and a compiler failure falls back to eager flex with one warning."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -48,12 +49,23 @@ def test_the_flex_path_calls_the_compiled_flex_attention():
     mask = build_block_mask(inputs, "flex")
     # The forward dispatches to the process's CompiledFlex, a torch.compile of flex_attention.
     assert mask.flex_fn is compiled_flex()
-    assert mask.flex_fn.compiled._torchdynamo_orig_callable is flex_attention
+    assert mask.flex_fn.compiled("cpu")._torchdynamo_orig_callable is flex_attention
     frames = counters["frames"]["ok"]
     got = _attend(attn, spec, inputs, mask)
     # Dynamo compiled a frame for it (this host has a C++ compiler; first run ~1 min, then cached).
     assert mask.flex_fn.failure is None and counters["frames"]["ok"] > frames
     want = _attend(attn, spec, inputs, build_block_mask(inputs, "eager"))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # A second shape recompiles and is still right (dynamic shapes were not, on CPU).
+    wide = dataclasses.replace(
+        inputs,
+        block_ids=inputs.block_ids.repeat(1, 2, 1),
+        block_anchor=torch.tensor([[3, 6, 8, 9]]),
+        block_doc=torch.zeros(1, 4, dtype=torch.long),
+        prev_ids=inputs.prev_ids.repeat(1, 2, 1),
+    )
+    got = _attend(attn, spec, wide, build_block_mask(wide, "flex"))
+    want = _attend(attn, spec, wide, build_block_mask(wide, "eager"))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
