@@ -22,7 +22,8 @@ to the context slots before its anchor (same sample) and to their own block.
   (`context_mask`), block-sparse, compiled (`CompiledFlex`; uncompiled it
   materialises the scores). For GPUs: it has no CPU backward, compiled or
   not. On a CPU host with a C++ compiler torch compiles its forward too
-  (the no-grad checks); where compiling fails, eager flex with one warning.
+  (static shapes: the no-grad checks); where compiling fails, eager flex
+  with one warning.
 * `eager`: the reference, a masked matmul over the context and a batched
   (B x B) matmul per block sharing one fp32 softmax; it materialises
   (heads x Q x Tc) scores, fine for tests and small models only.
@@ -153,18 +154,30 @@ def _flex_block_mask(inputs: DraftInputs):
 
 
 class CompiledFlex:
-    """`flex_attention` through `torch.compile` (dynamic shapes), what the `flex` path calls.
+    """`flex_attention` through `torch.compile`, what the `flex` path calls.
 
-    Where compiling fails (no working compiler for the device), it warns once
-    and runs eager flex from then on: the same function, with the scores
-    materialised."""
+    Dynamic shapes on GPUs (a packed batch's shape changes every step); static
+    shapes on CPU, where torch 2.13 compiled with dynamic shapes returns wrong
+    values for a second shape and its automatic dynamic fails to build (its
+    no-grad checks recompile per shape instead). Where compiling fails (no
+    working compiler for the device), it warns once and runs eager flex from
+    then on: the same function, with the scores materialised."""
 
     def __init__(self, backend: str | Callable = "inductor") -> None:
         from torch.nn.attention.flex_attention import flex_attention
 
         self.eager = flex_attention
-        self.compiled = torch.compile(flex_attention, dynamic=True, backend=backend)
+        self.backend = backend
+        self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
         self.failure: str | None = None  # why compiling failed; None: compiled
+
+    def compiled(self, device_type: str) -> Callable[..., torch.Tensor]:
+        """The compiled flex_attention for a device type (built once, compiled on first call)."""
+        if device_type not in self._compiled:
+            self._compiled[device_type] = torch.compile(
+                self.eager, dynamic=device_type != "cpu", backend=self.backend
+            )
+        return self._compiled[device_type]
 
     def __call__(
         self,
@@ -179,9 +192,12 @@ class CompiledFlex:
             from torch._dynamo.exc import BackendCompilerFailed
 
             try:
-                return self.compiled(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
-            except BackendCompilerFailed as err:
-                self.failure = f"{type(err.inner_exception).__name__}: {err.inner_exception}"
+                return self.compiled(q.device.type)(
+                    q, k, v, block_mask=block_mask, enable_gqa=enable_gqa
+                )
+            except BackendCompilerFailed as err:  # inductor's errors included
+                inner = getattr(err, "inner_exception", None) or err
+                self.failure = f"{type(inner).__name__}: {inner}"
                 log.warning(
                     "attention: flex runs uncompiled (materialising the scores): torch could "
                     "not compile flex_attention on %s (%s)",

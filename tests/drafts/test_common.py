@@ -3,6 +3,7 @@ and a compiler failure falls back to eager flex with one warning."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -47,10 +48,10 @@ def test_the_flex_path_calls_the_compiled_flex_attention():
     mask = build_block_mask(inputs, "flex")
     # The forward dispatches to the process's CompiledFlex, a torch.compile of flex_attention.
     assert mask.flex_fn is compiled_flex()
-    assert mask.flex_fn.compiled._torchdynamo_orig_callable is flex_attention
-    # Whether inductor's C++ build succeeds depends on the host (torch 2.13's CPU codegen
-    # fails for some dynamic shapes here); what the forward calls does not. A backend that
-    # records the graphs Dynamo hands it shows the compiled function is the one called.
+    assert mask.flex_fn.compiled("cpu")._torchdynamo_orig_callable is flex_attention
+    # Whether inductor's C++ build succeeds depends on the host; what the forward calls
+    # does not. A backend that records the graphs Dynamo hands it shows the compiled
+    # function is the one called.
     graphs = []
 
     def recording_backend(gm, example_inputs):
@@ -61,6 +62,20 @@ def test_the_flex_path_calls_the_compiled_flex_attention():
     got = _attend(attn, spec, inputs, mask)
     assert mask.flex_fn.failure is None and graphs, "the flex path did not go through Dynamo"
     want = _attend(attn, spec, inputs, build_block_mask(inputs, "eager"))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # With the process's own (inductor) compile: the same values, and a second shape
+    # recompiles and is still right (dynamic shapes were not, on CPU).
+    got = _attend(attn, spec, inputs, build_block_mask(inputs, "flex"))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    wide = dataclasses.replace(
+        inputs,
+        block_ids=inputs.block_ids.repeat(1, 2, 1),
+        block_anchor=torch.tensor([[3, 6, 8, 9]]),
+        block_doc=torch.zeros(1, 4, dtype=torch.long),
+        prev_ids=inputs.prev_ids.repeat(1, 2, 1),
+    )
+    got = _attend(attn, spec, wide, build_block_mask(wide, "flex"))
+    want = _attend(attn, spec, wide, build_block_mask(wide, "eager"))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
