@@ -59,3 +59,73 @@ def test_the_walk_sees_lazy_and_type_checking_imports(tmp_path):
             "pipeline.train.data.TrainingData",
         ]
     }
+
+
+# The whole house, bottom floor first: a package imports only packages on lower
+# floors (the ground floor's modules may import each other, without a circle).
+FLOORS = [
+    {"redact", "cache", "errors", "config", "logs", "torch_threads", "prefetch", "storage"},
+    {"render", "corpus"},
+    {"toy"},  # reached only lazily, through targets/resolve.py
+    {"targets"},
+    {"shards"},
+    {"drafts"},
+    {"regenerate"},
+    {"train"},
+    {"evaluate"},
+    {"plan"},
+    {"demo"},
+    {"cli"},
+    {"__main__"},
+]
+
+
+def _module_graph(root: Path = PIPELINE) -> dict[str, set[str]]:
+    """pipeline module -> the pipeline modules it imports (lazy ones included)."""
+    modules = {
+        ".".join(("pipeline", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        for p in root.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, names in _imports("", root).items():
+        module = "pipeline." + name.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        targets = set()
+        for n in names:
+            while n and n not in modules:  # `pipeline.a.b.Name` -> `pipeline.a.b`
+                n = n.rpartition(".")[0]
+            if n and n != module and n != "pipeline":
+                targets.add(n)
+        graph[module] = targets
+    return graph
+
+
+def test_every_arrow_points_to_a_lower_floor():
+    floor = {pkg: i for i, pkgs in enumerate(FLOORS) for pkg in pkgs}
+    up = []
+    for module, targets in _module_graph().items():
+        src = module.split(".")[1]
+        for target in targets:
+            dst = target.split(".")[1]
+            assert src in floor and dst in floor, f"{module} -> {target}: add it to FLOORS"
+            if dst != src and (floor[dst] > floor[src] or (floor[dst] == floor[src] != 0)):
+                up.append(f"{module} -> {target}")
+    assert up == []
+
+
+def test_no_circle_between_modules():
+    graph = _module_graph()
+    circles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert len(graph) > 100 and circles == []

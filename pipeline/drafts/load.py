@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 
 from pipeline.drafts.checkpoint import find_checkpoint, load_checkpoint
 from pipeline.drafts.export import export_target, is_export, read_export
-from pipeline.drafts.registry import build_draft, draft_kind
+from pipeline.drafts.registry import KINDS, build_draft, draft_kind
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from pipeline.drafts.drafter import Drafter
     from pipeline.drafts.spec import DraftSpec
 
 
@@ -92,3 +93,14 @@ def draft_target(path: str | Path) -> str:
     """The target a training run, checkpoint or export was trained against."""
     found = find_checkpoint(path)
     return load_checkpoint(found).target if found is not None else export_target(path)
+
+
+def make_drafter(name: str, draft: LoadedDraft, *, use_heads: bool = True) -> Drafter:
+    """The evaluator's drafter of a loaded draft, by its kind. `use_heads=False` drafts
+    with the backbone alone; a draft without heads ignores it."""
+    kind = KINDS.get(draft.spec.kind)
+    if kind is None:
+        raise ValueError(
+            f"{draft.source}: no drafter for draft kind {draft.spec.kind!r}; known: {sorted(KINDS)}"
+        )
+    return kind.drafter(name, draft.model, use_heads)

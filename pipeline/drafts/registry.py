@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from pipeline.drafts.drafter import Drafter
-    from pipeline.drafts.load import LoadedDraft
 
 
 @dataclass(frozen=True)
@@ -219,14 +218,3 @@ def build_draft(
 ) -> nn.Module:
     """The draft module of `spec.kind` (DSpark/DFlash: DSparkDraft; eagle3: Eagle3Draft)."""
     return draft_kind(spec.kind).build(spec, embed, lm_head, frozen_dtype)
-
-
-def make_drafter(name: str, draft: LoadedDraft, *, use_heads: bool = True) -> Drafter:
-    """The evaluator's drafter of a loaded draft, by its kind. `use_heads=False` drafts
-    with the backbone alone; a draft without heads ignores it."""
-    kind = KINDS.get(draft.spec.kind)
-    if kind is None:
-        raise ValueError(
-            f"{draft.source}: no drafter for draft kind {draft.spec.kind!r}; known: {sorted(KINDS)}"
-        )
-    return kind.drafter(name, draft.model, use_heads)

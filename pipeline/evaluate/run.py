@@ -109,7 +109,6 @@ def _heldout_fraction(config: EvalConfig, train_configs: dict[str, dict]) -> flo
 def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict, target_dir: Path):
     """(held-out samples, data description) after the provenance and leakage checks."""
     from pipeline.shards.manifest import Dataset
-    from pipeline.shards.pins import pinned
 
     uri = config.data.uri
     if uri is None:
@@ -122,7 +121,7 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
     frac = _heldout_fraction(config, train_configs)
     dataset = Dataset.open(uri, endpoint_url=config.data.endpoint_url)
     version = dataset.manifest(config.data.version).version  # the latest, if unset
-    with pinned(dataset, version, "evaluate"):  # gc keeps it while it is read
+    with dataset.pinned(version, "evaluate"):  # gc keeps it while it is read
         return _load_heldout(config, specs, target_dir, uri, version, frac)
 
 
@@ -202,8 +201,7 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
 
 def _run_evaluation(config: EvalConfig) -> EvalResult:
     from pipeline.drafts.common import load_target_head
-    from pipeline.drafts.load import load_draft
-    from pipeline.drafts.registry import make_drafter
+    from pipeline.drafts.load import load_draft, make_drafter
     from pipeline.evaluate.calibration import in_calibration_split
     from pipeline.evaluate.report import write_report
     from pipeline.targets.resolve import resolve_model
@@ -317,7 +315,7 @@ def serve_drafts(
     served draft's offline T=0 tau on the same prompts' stored answers beside vLLM's."""
     import json
 
-    from pipeline.drafts.registry import make_drafter
+    from pipeline.drafts.load import make_drafter
     from pipeline.evaluate.offline import build_tables, tau, walk_tables
     from pipeline.evaluate.serving import run_serving
 

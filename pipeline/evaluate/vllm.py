@@ -192,7 +192,7 @@ def check_against_vllm(
     says) and compare with the offline walk of the same weights on vLLM's trajectories."""
     import json
 
-    from pipeline.drafts.registry import make_drafter
+    from pipeline.drafts.load import make_drafter
 
     if draft.export_dir is None:
         raise ValueError(f"vllm.draft {config.draft!r} has no export directory to serve")

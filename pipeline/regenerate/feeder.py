@@ -42,8 +42,8 @@ from pipeline.regenerate.writeback import (
     UnitWritten,
     Writeback,
     WritebackConfig,
-    start_writeback,
 )
+from pipeline.regenerate.writeback_process import start_writeback
 from pipeline.targets.base import GenerationRequest, Result, StreamingBackend
 
 log = logging.getLogger(__name__)

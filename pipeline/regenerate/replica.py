@@ -23,7 +23,7 @@ from pipeline.regenerate.cpu_host import (
 from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.partition import WorkUnit
 from pipeline.regenerate.unit_job import UnitResult, UnitSpec
-from pipeline.regenerate.writeback import start_writeback
+from pipeline.regenerate.writeback_process import start_writeback
 from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)

@@ -145,7 +145,7 @@ def run_local(
 
     from pipeline.regenerate.feeder import EngineFeeder
     from pipeline.regenerate.replica import feed_limits
-    from pipeline.regenerate.writeback import start_writeback
+    from pipeline.regenerate.writeback_process import start_writeback
     from pipeline.targets.loader import load_target
     from pipeline.targets.resolve import resolve_model
 

@@ -149,16 +149,6 @@ class Writeback(Protocol):
     def close(self) -> None: ...
 
 
-def start_writeback(config: WritebackConfig, *, spill_above_bytes: int | None = None) -> Writeback:
-    """The write-back `config` names, started (a process starts its child now, so its
-    imports overlap the engine's start; `bind` gives it the engine later)."""
-    if config.mode == "threads":
-        return ShardWriteback(config, spill_above_bytes=spill_above_bytes)
-    from pipeline.regenerate.writeback_process import ProcessWriteback
-
-    return ProcessWriteback(config, spill_above_bytes=spill_above_bytes)
-
-
 LEDGER_FIELDS = (
     "nbytes",  # held now: raw rows queued for encoding + encoded rows in memory
     "peak_nbytes",

@@ -41,6 +41,8 @@ from pipeline.regenerate.writeback import (
     Done,
     Ledger,
     ShardTarget,
+    ShardWriteback,
+    Writeback,
     WritebackConfig,
     WritebackStats,
 )
@@ -279,7 +281,6 @@ def _child_main(
     import pipeline.shards.codecs  # noqa: F401  (torch, zstandard)
     import pipeline.shards.manifest  # noqa: F401  (pyarrow, storage)
     import pipeline.shards.writer  # noqa: F401
-    from pipeline.regenerate.writeback import ShardWriteback
     from pipeline.targets.capture_rows import close_spool, open_spool
 
     writeback = None  # made on "bind": by then the replica has placed this process
@@ -373,3 +374,13 @@ def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.2)
     os._exit(1)
+
+
+def start_writeback(config: WritebackConfig, *, spill_above_bytes: int | None = None) -> Writeback:
+    """The write-back `config` names, started: this process's threads (`ShardWriteback`)
+    or a process of its own (`ProcessWriteback`, whose child starts now, so its imports
+    overlap the engine's start; `bind` gives it the engine later). Here, above both
+    implementations, so neither imports the other's module for it."""
+    if config.mode == "threads":
+        return ShardWriteback(config, spill_above_bytes=spill_above_bytes)
+    return ProcessWriteback(config, spill_above_bytes=spill_above_bytes)

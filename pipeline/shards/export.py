@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.shards.manifest import Dataset
-from pipeline.shards.pins import pinned
 
 FORMATS = ("hf-datasets", "speculators")
 
@@ -78,7 +77,7 @@ def export_dataset(
         raise ValueError(f"{out} exists and is not empty: export into a new directory")
     dataset = Dataset.open(uri, endpoint_url=endpoint_url)
     version = dataset.manifest(version).version  # the latest, if None
-    with pinned(dataset, version, "export"):  # gc keeps it while it is read
+    with dataset.pinned(version, "export"):  # gc keeps it while it is read
         reader = ShardReader(dataset, version=version, prefetch=2, verify=verify)
         manifest = reader.manifest
         out.mkdir(parents=True, exist_ok=True)

@@ -32,13 +32,17 @@ in the root) still read; commits on top of them write format 2.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
+import secrets
+import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +340,32 @@ class Dataset:
         from pipeline.shards.pins import unpin_version
 
         unpin_version(self, name)
+
+    @contextlib.contextmanager
+    def pinned(self, version: int, kind: str) -> Iterator[str | None]:
+        """Pin `version` while the block reads it (`kind`: "export", "evaluate"); the pin's name.
+
+        The pin expires after `pins.READER_PIN_TTL_S`, so a reader killed on the way
+        keeps nothing for ever. A store this reader may not write to (read-only
+        credentials) gets a warning and no pin."""
+        from pipeline.shards.pins import READER_PIN_TTL_S
+
+        name = f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        try:
+            self.pin(version, name, owner=kind, ttl_s=READER_PIN_TTL_S)
+        except PermissionError as err:
+            log.warning(
+                "could not pin version %d of %s (%s): gc may retire it", version, self.uri, err
+            )
+            yield None
+            return
+        try:
+            yield name
+        finally:
+            try:
+                self.unpin(name)
+            except OSError as err:  # the pin expires by itself
+                log.warning("could not remove pin %s: %s", name, err)
 
     def shard_url(self, entry: ShardEntry | str) -> str:
         return self.storage.url(entry if isinstance(entry, str) else entry.path)

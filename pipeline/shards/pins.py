@@ -17,16 +17,11 @@ and keeps the version, or the reader finds the root gone and gets a clear
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
-import secrets
-import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +29,6 @@ from typing import TYPE_CHECKING
 from pipeline.storage import AlreadyExists
 
 if TYPE_CHECKING:
-    from pipeline.shards.manifest import Dataset
     from pipeline.shards.versions import DatasetLike
 
 log = logging.getLogger(__name__)
@@ -129,28 +123,3 @@ def run_pin_prefix(out_dir: str | Path) -> str:
 
 def version_pin(prefix: str, version: int) -> str:
     return f"{prefix}v{version:06d}"
-
-
-@contextlib.contextmanager
-def pinned(dataset: Dataset, version: int, kind: str) -> Iterator[str | None]:
-    """Pin `version` while the block reads it (`kind`: "export", "evaluate"); the pin's name.
-
-    The pin expires after `READER_PIN_TTL_S`, so a reader killed on the way
-    keeps nothing for ever. A store this reader may not write to (read-only
-    credentials) gets a warning and no pin."""
-    name = f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-    try:
-        dataset.pin(version, name, owner=kind, ttl_s=READER_PIN_TTL_S)
-    except PermissionError as err:
-        log.warning(
-            "could not pin version %d of %s (%s): gc may retire it", version, dataset.uri, err
-        )
-        yield None
-        return
-    try:
-        yield name
-    finally:
-        try:
-            unpin_version(dataset, name)
-        except OSError as err:  # the pin expires by itself
-            log.warning("could not remove pin %s: %s", name, err)

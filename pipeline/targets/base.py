@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.targets.capture_rows import CaptureContract
-
 from pipeline.targets.config import GenerationConfig
 
 
@@ -129,10 +127,12 @@ class StreamingBackend(Protocol):
         its rows handle (not built: whoever builds it does so off the engine's thread)."""
         ...
 
-    def hand_off_rows(self, enabled: bool = True) -> CaptureContract | None:
+    def hand_off_rows(self, enabled: bool = True) -> object | None:
         """Leave captured rows in the engine's spool from now on, for a reader in another
-        process (the write-back's); the contract it needs, or None where rows cannot cross
-        processes (then nothing changes). `enabled=False` takes them back."""
+        process (the write-back's); the contract it needs (a picklable
+        `capture_rows.CaptureContract`, named here only in words: that module builds on
+        this one), or None where rows cannot cross processes (then nothing changes).
+        `enabled=False` takes them back."""
         ...
 
     def num_unfinished(self) -> int: ...

@@ -132,7 +132,7 @@ def content_key(path: Path) -> str:
 
 def gguf_target_dir(model: str, cache_dir: Path | None = None) -> Path:
     """Where the converted directory of this GGUF lives: `<cache>/targets/gguf-<name>-<key>`."""
-    from pipeline.targets.resolve import cache_root
+    from pipeline.cache import cache_root
 
     path = gguf_file(model)
     name = model if model in PACKAGED_GGUFS else path.name[: -len(GGUF_SUFFIX)]

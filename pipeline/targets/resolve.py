@@ -13,21 +13,12 @@ wing is imported here and only lazily, so production paths never load it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TOY_PREFIX = "toy:"
-
-
-def cache_root() -> Path:
-    """Where built targets live: `$DSPARK_TARGETS_CACHE`, else `$XDG_CACHE_HOME/dspark-targets`, else ~/.cache/..."""
-    if env := os.environ.get("DSPARK_TARGETS_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dspark-targets"
 
 
 def check_model_ref(model: str) -> None:

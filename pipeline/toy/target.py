@@ -25,8 +25,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.cache import cache_root
 from pipeline.logs import kv
-from pipeline.targets.resolve import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ import pytest
 import torch
 from draft_specs import drafted
 
-from pipeline.drafts.load import load_draft
-from pipeline.drafts.registry import make_drafter
+from pipeline.drafts.load import load_draft, make_drafter
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "drafts_v0"
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())

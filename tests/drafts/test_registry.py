@@ -12,8 +12,8 @@ from draft_specs import tiny_spec
 
 from pipeline.config import ConfigError
 from pipeline.drafts.export import spec_from_export, speculators_config
-from pipeline.drafts.load import LoadedDraft
-from pipeline.drafts.registry import KINDS, build_draft, draft_kind, make_drafter
+from pipeline.drafts.load import LoadedDraft, make_drafter
+from pipeline.drafts.registry import KINDS, build_draft, draft_kind
 from pipeline.train.config import parse_train_config
 
 BASE = dict(target="t", data=dict(uri="x"), out_dir="o", num_steps=1, global_batch_size=1)

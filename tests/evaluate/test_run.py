@@ -14,8 +14,7 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.drafts.dspark.drafter import DSparkDrafter
-from pipeline.drafts.load import load_draft
-from pipeline.drafts.registry import make_drafter
+from pipeline.drafts.load import load_draft, make_drafter
 from pipeline.evaluate.calibration import Calibration
 from pipeline.evaluate.config import parse_eval_config
 from pipeline.evaluate.offline import anchor_table, walk

@@ -15,7 +15,8 @@ from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.partition import plan_units
 from pipeline.regenerate.provenance import build_provenance
 from pipeline.regenerate.unit_job import UnitSpec
-from pipeline.regenerate.writeback import WritebackConfig, start_writeback
+from pipeline.regenerate.writeback import WritebackConfig
+from pipeline.regenerate.writeback_process import start_writeback
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.targets.hf_backend import HFTarget
