@@ -3,7 +3,7 @@
 * `resources.py`: the Ray resources a config requests, in words;
 * `inputs.py`: the planner's typed inputs (corpus, target, assumptions);
 * `corpus_stats.py`: those inputs read from the config's corpus and target;
-* `figures.py`: the project's measured figures (bench/results.json, with fallbacks);
+* `figures.py`: the measured defaults, each naming the bench that measured it and when, and GPU specs;
 * `capacity.py`: the arithmetic (storage, objects, rates, time, training), pure;
 * `planner.py`, `report.py`: gather, compute, show (table or JSON).
 
