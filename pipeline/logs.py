@@ -58,9 +58,6 @@ def setup_logging(verbose: bool = False) -> None:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(SecretFilter())
-    # Their DEBUG records carry signed request headers (access key id, session token).
-    for name in CREDENTIAL_LOGGERS:
-        logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.INFO))
     if verbose:  # also after a quiet setup (`-v` given after the command)
         for name in (*_NOISY, *_ERRORS_ONLY):
             logging.getLogger(name).setLevel(logging.NOTSET)
@@ -85,6 +82,10 @@ def setup_logging(verbose: bool = False) -> None:
         # vLLM's CPU build warns at every start about Triton and oneDNN fallbacks.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # Last, so neither branch above undoes it: their DEBUG records carry signed request
+    # headers (access key id, session token), so they never go below INFO, verbose or not.
+    for name in CREDENTIAL_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.INFO))
 
 
 def kv(**fields: object) -> str:
