@@ -104,3 +104,17 @@ def test_every_path_the_readme_tree_map_names_exists():
     paths = tree_map_paths(ROOT / "README.md")
     assert len(paths) >= 20 and "pipeline/drafts/" in paths
     assert [p for p in paths if not (ROOT / p).exists()] == []
+
+
+def test_nothing_points_outside_the_repository_for_its_design():
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    outside = [
+        name
+        for name in files
+        if not name.startswith("tests/")
+        and (ROOT / name).is_file()
+        and re.search(r"\.\./shared|DESIGN\.md", (ROOT / name).read_text(errors="ignore"))
+    ]
+    assert outside == []

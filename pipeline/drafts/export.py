@@ -1,4 +1,4 @@
-"""Export a trained draft in the speculators format that vLLM serves (DESIGN.md §10).
+"""Export a trained draft in the speculators format that vLLM serves (docs/design.md#serving-drafts-in-vllm).
 
 A directory with `config.json` (speculators_model_type, transformer_layer_config,
 speculators_config with the verifier, the kind's own fields) and

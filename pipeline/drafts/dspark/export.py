@@ -1,4 +1,4 @@
-"""The speculators formats of block drafts: `dspark` and `dflash` (DESIGN.md §10).
+"""The speculators formats of block drafts: `dspark` and `dflash` (docs/design.md#serving-drafts-in-vllm).
 
 Tensor names are the ones vLLM's `qwen3_dspark.py` / `qwen3_dflash.py`
 loaders read (the model's own parameter names, so the weights are a plain
