@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-real demo test chaos bench lint constraints clean
+.PHONY: setup setup-real demo demo-real test chaos bench lint constraints clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ setup-real: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m pipeline demo
+
+# The real target end to end (about 40 minutes on 2 cores): regenerate, three drafts, their table.
+demo-real: setup-real
+	$(PY) -m pipeline demo --real
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

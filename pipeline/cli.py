@@ -578,16 +578,40 @@ def plan(
     default=None,
     help="Corpus size (default: the config's).",
 )
-def demo(out: Path, num_conversations: int | None) -> None:
+@click.option(
+    "--real",
+    is_flag=True,
+    help="The real target (SmolLM2-135M-Instruct; `make setup-real`) instead of the toy: "
+    "regenerate, train DSpark, DFlash and EAGLE-3, print their acceptance lengths.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--real: optimiser steps per draft (default: the demo's budget).",
+)
+def demo(out: Path | None, num_conversations: int | None, real: bool, steps: int | None) -> None:
     """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target).
 
     \b
-    Example:
+    Examples:
       dspark-targets demo --out runs/demo
+      dspark-targets demo --real          # runs/real: the real target, about 40 minutes
     """
+    if real:
+        from pipeline.demo.real import REAL_DEMO_STEPS, run_real_demo
+
+        run_real_demo(
+            out or Path("runs/real"),
+            num_conversations=num_conversations,
+            num_steps=steps or REAL_DEMO_STEPS,
+        )
+        return
+    if steps is not None:
+        raise click.UsageError("--steps applies to --real only")
     from pipeline.demo.run import run_demo
 
-    run_demo(out_dir=out, num_conversations=num_conversations)
+    run_demo(out_dir=out or Path("runs/demo"), num_conversations=num_conversations)
 
 
 @cli.command()

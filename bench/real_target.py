@@ -1,0 +1,283 @@
+"""Drafts on the real target: acceptance length at T=0 and T=1 (real_P6) and serving speed.
+
+    .venv/bin/python bench/real_target.py [--data DIR] [--steps 400] [--live-prompts 24]
+        [--serve-prompts 16] [--no-serve] [--work DIR] [--set KEY=VALUE ...]
+
+The real target is SmolLM2-135M-Instruct (`make setup-real`; docs/targets.md).
+Its dataset is `--data` (a version regenerated with
+pipeline/demo/configs/real-smollm2.yaml, which captures the union of the
+drafts' layers) or, without it, one regenerated here with that config. Three
+drafts train on the same shards with the same budget (`--steps` optimiser
+steps of 8 sequences, one process, the configs of `make demo-real`:
+pipeline/demo/configs/train-real*.yaml), each reading its own subset of the
+captured layers:
+
+* DSpark: one layer, block 5 in the fill-in layout (4 drafted tokens), Markov
+  rank 64, 0.1 CE + 0.9 L1 + BCE;
+* DFlash: the same backbone, CE only;
+* EAGLE-3: one layer, training-time test unrolled 4 steps (4 drafted tokens).
+
+Then one `evaluate` run (the library function the CLI calls) on the held-out
+split: T=0 the exact offline walk; T=1 the live loop with rejection sampling
+against the HF target (`--live-prompts` prompts); and, unless `--no-serve`,
+the serving benchmark (pipeline/evaluate/serving.py): the target in vLLM's
+OpenAI server without a draft and with each export (DSpark as its DFlash
+backbone, the method vLLM's CPU build has), single stream and a concurrency
+sweep, with the T=0 identity check. Figures: `real_tau_*`, `real_P6`
+(DSpark / DFlash macro tau, T=0) and `real_P6_T1` with paired bootstrap
+intervals, each draft's training seconds per step and tokens/s, and the
+serving figures keyed `real_serve_*` as bench/serve.py names them, its plot
+in bench/figures/real_serve_curve.png. Results merge into bench/results.json
+and this bench's sections of bench/RESULTS.md are replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results_file import cpu_capability, merge_results, write_section  # bench/ is sys.path[0]
+from serve import FIGURES, figures_of
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+BATCH = 8  # train-real*.yaml's global batch
+
+
+def regenerate(out: Path, conversations: int | None) -> str:
+    from pipeline.demo.real import REAL_CONFIG
+    from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.run import run_regenerate
+
+    overrides: dict = {"output.uri": str(out)}
+    if conversations:
+        overrides["corpus.synthetic.num_conversations"] = conversations
+    run_regenerate(load_config(REAL_CONFIG, overrides=overrides))
+    return str(out)
+
+
+def train_drafts(data: str, work: Path, steps: int, extra: dict) -> dict[str, dict]:
+    """Train (or reuse, when finished in `work`) the three drafts; their speed figures."""
+    from pipeline.demo.real import REAL_DRAFTS, real_train_config
+    from pipeline.train.trainer import train
+
+    out: dict[str, dict] = {}
+    for name in REAL_DRAFTS:
+        config = real_train_config(work, data, name, num_steps=steps, **extra)
+        result = train(config)
+        timed = [m for m in result.metrics[1:]]  # the first logged window holds warm-up
+        seconds = sum(m["seconds"] for m in timed) or float("nan")
+        out[name] = {
+            "run_dir": config.out_dir,
+            "steps": result.steps,
+            "s_per_step": round(seconds / sum(m.get("steps", 1) for m in timed), 3)
+            if timed and "steps" in timed[0]
+            else None,
+            "tokens_per_s": round(statistics.median(m["tokens_per_s"] for m in timed), 1)
+            if timed
+            else None,
+            "train_seconds": round(sum(m["seconds"] for m in result.metrics), 1),
+            "loss": [round(result.metrics[0]["loss"], 3), round(result.metrics[-1]["loss"], 3)],
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=None, help="a real-target dataset (else regenerated)")
+    parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--live-prompts", type=int, default=24, help="T=1 prompts (0: skip)")
+    parser.add_argument("--serve-prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128, help="serving: tokens a request")
+    parser.add_argument("--no-serve", action="store_true")
+    parser.add_argument("--work", type=Path, default=None, help="work here and keep it")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="training overrides"
+    )
+    args = parser.parse_args()
+
+    from pipeline.config import parse_overrides
+    from pipeline.demo.real import REAL_DRAFTS
+    from pipeline.evaluate.config import parse_eval_config
+    from pipeline.evaluate.run import run_evaluation
+    from pipeline.evaluate.serving_report import plot_serving, serving_markdown
+    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
+    from pipeline.logs import setup_logging
+
+    setup_logging()
+    load = os.getloadavg()[0]
+    started = time.monotonic()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-real-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        data = args.data or regenerate(work / "dataset", args.conversations)
+        trained = train_drafts(data, work, args.steps, parse_overrides(args.set))
+        drafts = [dict(name=n, path=t["run_dir"]) for n, t in trained.items()]
+        drafts.append(dict(name="untrained", path=trained["DSpark"]["run_dir"], untrained=True))
+        config = dict(
+            target="smollm2-135m-instruct",
+            out_dir=str(work / "eval"),
+            data=dict(uri=data),
+            drafts=drafts,
+            calibration=dict(store=False),
+        )
+        if args.live_prompts:
+            config["live"] = dict(
+                temperatures=[1.0], num_prompts=args.live_prompts, max_new_tokens=128
+            )
+        if not args.no_serve:
+            config["serving"] = dict(
+                drafts=[dict(name=n) for n in REAL_DRAFTS],
+                num_prompts=args.serve_prompts,
+                max_tokens=args.max_tokens,
+                concurrency=[1, 4, 16],
+                identity=dict(num_prompts=4),
+            )
+        result = run_evaluation(parse_eval_config(config, "bench/real_target.py"))
+        report, md = result.report, result.markdown_path.read_text()
+        FIGURES.mkdir(exist_ok=True)
+        plots = {}
+        for key, path in result.plots.items():
+            name = f"real_{path.name}"
+            shutil.copyfile(path, FIGURES / name)
+            plots[key] = name
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    rows = report["drafts"]
+
+    def compare(num: str, den: str, where: str) -> dict | None:
+        """Paired ratio of macro taus with its bootstrap interval."""
+        pick = (
+            (lambda d: d["offline_t0"])
+            if where == "t0"
+            else (lambda d: d.get("live", {}).get("1.0"))
+        )
+        a, b = pick(rows[num]), pick(rows[den])
+        if not a or not b:
+            return None
+        point, lo, hi = ratio_interval(
+            PerSample.from_dict(a["per_sample"]), PerSample.from_dict(b["per_sample"])
+        )
+        return {
+            "ratio": round(point, 3),
+            "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
+        }
+
+    t0 = {n: d["offline_t0"]["tau_macro"] for n, d in rows.items() if d.get("offline_t0")}
+    t1 = {n: d["live"]["1.0"]["tau_macro"] for n, d in rows.items() if d.get("live", {}).get("1.0")}
+    p6, p6_t1 = compare("DSpark", "DFlash", "t0"), compare("DSpark", "DFlash", "t1")
+    vs_eagle = compare("DSpark", "EAGLE-3", "t0"), compare("DSpark", "EAGLE-3", "t1")
+    budget = (
+        f"{args.steps} steps x {BATCH} sequences each (pipeline/demo/configs/train-real*.yaml"
+        + (f", {' '.join(args.set)}" if args.set else "")
+        + f"); {report['data']['num_samples']} held-out samples"
+    )
+    figures: dict = {
+        "real_target": "smollm2-135m-instruct",
+        "real_budget": budget,
+        "real_tau_T0": t0,
+        "real_tau_T1": t1 or None,
+        "real_tau_by_domain_T0": {
+            n: d["offline_t0"]["tau_by_domain"] for n, d in rows.items() if d.get("offline_t0")
+        },
+        "real_P6": p6["ratio"] if p6 else None,
+        "real_P6_ci95": p6["ci95"] if p6 else None,
+        "real_P6_T1": p6_t1["ratio"] if p6_t1 else None,
+        "real_P6_T1_ci95": p6_t1["ci95"] if p6_t1 else None,
+        "real_dspark_over_eagle3": {"T0": vs_eagle[0], "T1": vs_eagle[1]},
+        "real_train": {
+            n: {k: v for k, v in t.items() if k != "run_dir"} for n, t in trained.items()
+        },
+        "real_bench_load_average": round(load, 2),
+        "real_bench_seconds": round(time.monotonic() - started, 1),
+    }
+    merge_results(figures, replace=("real_tau_", "real_P6", "real_train", "real_budget"))
+    table = md[md.index("| draft |") :].split("\n\n")[0]
+    live_table = md[md.index("## Temperature > 0") :].split("\n\n")[1] if t1 else ""
+
+    def line(key: str, label: str, fig: dict | None, goal: str) -> str:
+        if not fig:
+            return f"* {key}: not measured"
+        ci = "95% CI {:.3f}-{:.3f}".format(*fig["ci95"]) if fig["ci95"] else "no interval"
+        return f"* **{key}** ({label}) **= {fig['ratio']:.3f}** ({ci}; {goal})"
+
+    speed = "\n".join(
+        f"| {n} | {t['steps']} | {t['train_seconds']:.0f} | {t['tokens_per_s']} | "
+        f"{t['loss'][0]} -> {t['loss'][1]} |"
+        for n, t in trained.items()
+    )
+    write_section(
+        "bench/real_target.py",
+        "\n".join(
+            [
+                "## Drafts on the real target (bench/real_target.py, keys real_tau_*, real_P6)",
+                "",
+                f"SmolLM2-135M-Instruct; `python bench/real_target.py {' '.join(sys.argv[1:])}`; "
+                f"budget: {budget}; {platform.machine()}, {cpu_capability()}, load average "
+                f"{load:.2f}. Intervals: paired stratified bootstrap over held-out samples.",
+                "",
+                "Training (one process, fp32 on CPU):",
+                "",
+                "| draft | steps | seconds | context tokens/s | loss first -> last |",
+                "|---|---|---|---|---|",
+                speed,
+                "",
+                "T=0, exact offline walk of the held-out samples:",
+                "",
+                table,
+                "",
+                *(
+                    [
+                        "T=1, live loop with rejection sampling against the HF target:",
+                        "",
+                        live_table,
+                        "",
+                    ]
+                    if t1
+                    else []
+                ),
+                line("real_P6", "DSpark / DFlash macro tau, T=0", p6, "goal >= 1.16 at T=1"),
+                line("real_P6_T1", "DSpark / DFlash macro tau, T=1", p6_t1, "goal >= 1.16"),
+                line("DSpark / EAGLE-3", "macro tau, T=0", vs_eagle[0], "paper: 1.27-1.31 at T=1"),
+                line("DSpark / EAGLE-3", "macro tau, T=1", vs_eagle[1], "paper: 1.27-1.31 at T=1"),
+                "",
+                "Plots: " + ", ".join(f"[{k}](figures/{v})" for k, v in plots.items()) + ".",
+            ]
+        ),
+    )
+    serving = report.get("serving")
+    if serving:
+        prefix = "real_serve_"
+        serve_figures = figures_of(serving, prefix)
+        serve_figures[f"{prefix}target"] = "smollm2-135m-instruct"
+        plot = plot_serving(
+            serving,
+            FIGURES / f"{prefix}curve.png",
+            title="SmolLM2-135M-Instruct on CPU vLLM: throughput vs interactivity",
+        )
+        merge_results(serve_figures, replace=(prefix,))
+        write_section(
+            f"bench/serve.py {prefix}",
+            f"## Serving speed ({prefix}*): SmolLM2-135M-Instruct\n\n"
+            f"`python bench/real_target.py {' '.join(sys.argv[1:])}` (drafts: the table "
+            f"above); host {serve_figures[f'{prefix}host']}; plot: "
+            f"[figures/{plot.name}](figures/{plot.name}).\n\n" + serving_markdown(serving),
+        )
+        figures.update(serve_figures)
+    print(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""`make demo-real`'s recipe (pipeline/demo/real.py): what it regenerates and trains fits together.
+
+Read as plain YAML, so the checks hold without the real target's package
+(resolving its short name needs `make setup-real`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from pipeline.demo import CONFIG_DIR
+from pipeline.demo.real import REAL_CONFIG, REAL_DRAFTS
+from pipeline.targets.resolve import default_aux_layer_ids
+
+
+def _yaml(name):
+    return yaml.safe_load((CONFIG_DIR / name).read_text())
+
+
+def test_the_capture_is_the_union_of_the_layers_the_drafts_read():
+    captured = _yaml(REAL_CONFIG.name)["target"]["aux_layer_ids"]
+    read = {
+        name: _yaml(config)["draft"]["aux_layer_ids"] for name, (config, _, _) in REAL_DRAFTS.items()
+    }
+    # DSpark and DFlash: the DFlash spacing for 30 layers; EAGLE-3: vLLM's (2, L//2, L-3).
+    assert read["DSpark"] == read["DFlash"] == list(default_aux_layer_ids(30))
+    assert read["EAGLE-3"] == [2, 30 // 2, 30 - 3]
+    assert captured == sorted(set().union(*read.values()))
+
+
+def test_the_drafts_share_one_budget_and_one_dataset():
+    configs = {config for config, _, _ in REAL_DRAFTS.values()}
+    loaded = [_yaml(c) for c in configs]
+    assert len({(c["num_steps"], c["global_batch_size"], c["data"]["uri"]) for c in loaded}) == 1
+    assert {c["target"] for c in loaded} == {_yaml(REAL_CONFIG.name)["target"]["model"]}
+    runs = [run for _, run, _ in REAL_DRAFTS.values()]
+    assert len(set(runs)) == len(runs)
+
+
+def test_steps_without_real_is_a_one_line_usage_error():
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "demo", "--steps", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "--steps applies to --real only" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
