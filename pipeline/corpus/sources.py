@@ -1,8 +1,9 @@
 """Reading raw rows from one corpus source: JSONL/JSON files, Parquet, or an HF dataset.
 
 Paths are local or `s3://` (through the project's storage layer, so the same
-endpoint settings apply); a directory means every JSONL/JSON or Parquet file
-in it, in name order. A configured path that does not exist is `SourceNotFound`,
+endpoint settings apply), or `package:<module>/<file>`, a data file shipped
+inside an installed Python package (a prompt set from the package registry);
+a directory means every JSONL/JSON or Parquet file in it, in name order. A configured path that does not exist is `SourceNotFound`,
 raised by `resolve` before any row is read.
 
 No row and no damaged file stops the run. JSONL lines are decoded and parsed
@@ -47,6 +48,20 @@ class ResolvedSource:
     format: str  # jsonl | parquet | hf
     storage: Any = None  # pipeline.storage.Storage of the files' folder (not for hf)
     keys: tuple[str, ...] = ()
+
+
+def in_package(source: CorpusSourceConfig) -> CorpusSourceConfig:
+    """A `package:<module>/<file>` path as the installed file's local path (others as given)."""
+    if not source.path.startswith("package:"):
+        return source
+    module, _, rel = source.path.removeprefix("package:").partition("/")
+    from importlib.resources import files
+
+    try:
+        root = files(module)
+    except ModuleNotFoundError:
+        raise SourceNotFound(f"{source.path}: package {module!r} is not installed") from None
+    return source.model_copy(update={"path": str(root / rel), "name": source_name(source)})
 
 
 def source_name(source: CorpusSourceConfig) -> str:
@@ -94,6 +109,7 @@ def resolve(source: CorpusSourceConfig) -> ResolvedSource:
     """Settle the format and list the files; `SourceNotFound` if there is nothing to read."""
     from pipeline.storage import open_storage
 
+    source = in_package(source)
     fmt = detect_format(source)
     name = source_name(source)
     if fmt == "hf":

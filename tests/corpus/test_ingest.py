@@ -271,3 +271,34 @@ def test_error_records_without_an_offset_keep_their_four_keys():
         "reason",
         "detail",
     ]
+
+
+def test_a_prompt_set_shipped_inside_a_package(tmp_path, monkeypatch):
+    """`package:<module>/<file>`: a data file of an installed package, read like any JSONL."""
+    import gzip
+
+    pkg = tmp_path / "prompt_pkg"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    rows = [
+        {"task_id": f"t/{i}", "prompt": f"def f{i}(x):\n    '''Return x + {i}.'''\n"}
+        for i in range(3)
+    ]
+    with gzip.open(pkg / "data" / "prompts.jsonl.gz", "wt") as out:
+        out.writelines(json.dumps(r) + "\n" for r in rows)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = {"path": "package:prompt_pkg/data/prompts.jsonl.gz", "domain": "code-stubs"}
+    corpus = load_corpus(CorpusConfig(sources=[source]))
+    assert [list(c.messages) for c in corpus.conversations] == [
+        [{"role": "user", "content": r["prompt"].strip()}] for r in rows
+    ]
+    assert {c.domain for c in corpus.conversations} == {"code-stubs"}
+
+
+def test_a_package_that_is_not_installed_is_one_line_naming_it():
+    from pipeline.config import ConfigError
+
+    source = {"path": "package:no_such_prompt_pkg/data/x.jsonl"}
+    with pytest.raises(ConfigError, match="package 'no_such_prompt_pkg' is not installed") as err:
+        load_corpus(CorpusConfig(sources=[source]))
+    assert "\n" not in str(err.value)

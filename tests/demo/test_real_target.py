@@ -40,6 +40,7 @@ def test_the_real_config_captures_a_handful_of_conversations(tmp_path):
             "target.backend": "hf",
             "target.dtype": "float32",
             "corpus.synthetic.num_conversations": 3,
+            "corpus.sources": [],  # the HumanEval prompts: the full run's
             "generation.max_new_tokens": 12,
             "output.uri": str(tmp_path / "ds"),
             "regenerate.num_buckets": 1,
