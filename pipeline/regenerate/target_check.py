@@ -177,6 +177,9 @@ def check_against_target(
             f"{prov.target_revision} ({prov.target_name}); pass --target naming those weights"
         )
         return report
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the check prints its table; no loading bar before it
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, revision=revision, dtype=torch.float32
     ).to(device)
