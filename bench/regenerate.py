@@ -731,6 +731,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
         "prompt_tokens": rounds[0]["c_prompt_tokens"],
         "a_samples": rounds[0]["a_samples"],
         "a_generated_tokens": rounds[0]["a_generated_tokens"],
+        "a_prompt_tokens": rounds[0]["a_prompt_tokens"],  # equal to (c)'s: the same prompts
         **{
             k: med(k)
             for k in (
@@ -979,6 +980,7 @@ def record_real(r: dict, args, load: float) -> None:
         "real_regen_generated_tokens": r["generated_tokens"],
         "real_regen_a_generated_tokens": r["a_generated_tokens"],
         "real_regen_prompt_tokens": r["prompt_tokens"],
+        "real_regen_a_prompt_tokens": r["a_prompt_tokens"],
         "real_regen_two_pass": "b_tok_s" in r,
     }
     keys = REAL_KEYS + REAL_STARTS + tuple(k for k in ("b_tok_s", "P2") if k in r)
@@ -1009,10 +1011,11 @@ def write_real_markdown(r: dict, args, load: float) -> None:
         "starts excluded from rates"
         + ("." if "b_tok_s" in r else "; (b), the two-pass flow, left out (`--no-two-pass`)."),
         "",
-        "| samples (a / c) | generated tokens (a / c) | (a) plain tok/s | (c) run_regenerate "
+        "| samples (a / c) | prompt tokens (a / c) | generated tokens (a / c) | (a) plain tok/s | (c) run_regenerate "
         "tok/s | (c) captured tok/s | **P1 = c/a** | steady s (a / c) | engine start a / c (s) |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {r['a_samples']} / {r['samples']} | {r['a_generated_tokens']} / "
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {r['a_samples']} / {r['samples']} | {r['a_prompt_tokens']} / {r['prompt_tokens']} | "
+        f"{r['a_generated_tokens']} / "
         f"{r['generated_tokens']} | {fmt(r['a_tok_s'])} | {fmt(r['c_tok_s'])} | "
         f"{fmt(r['c_captured_tok_s'])} | **{fmt(r['P1'], 3)}** | {r['a_s']['median']:.0f} / "
         f"{r['c_s']['median']:.0f} | {fmt(r['a_engine_start_s'])} / "
