@@ -44,37 +44,39 @@ conversations, engine starts excluded from every rate (reported apart):
 The real target (`--targets real`, SmolLM2-135M-Instruct, `make setup-real`):
 its default config (`pipeline/demo/configs/real-smollm2.yaml`: bf16,
 max_model_len 2048, up to 256 new tokens, `turns: last`, 50 conversations a
-unit) with only the corpus seed (the same held-out seed 7), the conversation
-count and the output overridden. Its workload is the config's, `turns: last`
-(one answer per conversation, its last user turn given the original
-history, as a user of that config gets), and (a) and (c) answer the same
-prompts: (a) renders them from the same config with the same template. P1
-there is `real_P1`; P2 is not asked for the real target, so `--no-two-pass`
-leaves (b) out and the rounds are (a), (c). The real
-target's figures go to their own keys (`real_regen_*`, `real_P1`) and their
-own section of RESULTS.md; a run of the toys keeps them, and a run of the
-real target keeps the toys' keys and section.
+unit; 400 conversations by default, ~100 s of steady generation for each of
+(a) and (c) on a 2-core host, answers being short) with only the corpus seed
+(the same held-out seed 7), the conversation count and the output overridden.
+Its workload is the config's, `turns: last` (one answer per conversation, its
+last user turn given the original history, as a user of that config gets), and
+(a) and (c) answer the same prompts: (a) renders them from the same config
+with the same template. P1 there is `real_P1`; P2 is not asked for the real
+target, so `--no-two-pass` leaves (b) out and the rounds are (a), (c). The
+real target's figures go to their own keys (`real_regen_*`, `real_P1`) and
+their own section of RESULTS.md; a run of the toys keeps them, and a run of
+the real target keeps the toys' keys and section.
 
 Rounds alternate the order ((a, b) then (c), then (c) then (a, b), ...), so
 the ratios see the same machine load; every ratio is per round, reported as
-the median with its range. Rates: generated tok/s, and captured tok/s
-(prompt + generated tokens whose hidden states are stored). P1 = c / a and
-P2 = c / b in generated tok/s on the large toy; `regen_trained_P1/P2` on the
-trained toy; `real_P1` (= `real_regen_P1`) on the real target. `--profile` samples one more run of (c), after the rounds and
-not counted in them (a profiler slows what it samples), with py-spy (the
-replica process, its engine processes and its write-back process, on-CPU
-samples only) and prints the shares of engine, capture, transport, encoding,
-writing and Ray. Each (c) also records the CPU seconds of the replica's
-processes over its steady state (`c_cpu_*_s`: the replica, its write-back
-process, the model workers, the engine core), and (a) and (c) the seconds
-of their engine loops admitting, in engine steps and handling results. Also
-measured: encode MB/s per core of the bf16 codec at the 2.8T example's width
-(hidden 7168 x 6 states), with one and two threads (the write-back's threads
-need the codec to release the GIL).
+the median with its range. Rates: generated tok/s, and captured tok/s (prompt
++ generated tokens whose hidden states are stored). P1 = c / a and P2 = c / b
+in generated tok/s on the large toy; `regen_trained_P1/P2` on the trained toy;
+`real_P1` (= `real_regen_P1`) on the real target. `--profile` samples one more
+run of (c), after the rounds and not counted in them (a profiler slows what it
+samples), with py-spy (the replica process, its engine processes and its
+write-back process, on-CPU samples only) and prints the shares of engine,
+capture, transport, encoding, writing and Ray. Each (c) also records the CPU
+seconds of the replica's processes over its steady state (`c_cpu_*_s`: the
+replica, its write-back process, the model workers, the engine core), and (a)
+and (c) the seconds of their engine loops admitting, in engine steps and
+handling results. Also measured: encode MB/s per core of the bf16 codec at the
+2.8T example's width (hidden 7168 x 6 states), with one and two threads (the
+write-back's threads need the codec to release the GIL).
 Results merge into bench/results.json; a toy run replaces the toys' keys
 (`regen_*`, `P1`, `P2`) and the bench's toy section of RESULTS.md, a real run
-replaces the `real_regen_*` keys, `real_P1` and the real target's section. One script on purpose (over 400 lines): the three paths, the
-rounds, the profile and the records read best side by side.
+replaces the `real_regen_*` keys, `real_P1` and the real target's section. One
+script on purpose (over 400 lines): the three paths, the rounds, the profile
+and the records read best side by side.
 """
 
 from __future__ import annotations
@@ -885,10 +887,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--conversations",
-        default=f"trained=4000,large=1000,{REAL}=180",
+        default=f"trained=4000,large=1000,{REAL}=400",
         help="N, or per target: name=N,name=N (the trained toy's plain engine does 1,000 "
         "conversations in ~4 s, too short for a steady-state rate; the real target's "
-        "180 give each path ~90 s of steady generation here)",
+        "400 (395 after de-duplication, ~65 generated tokens an answer) give each path "
+        "~100 s of steady generation here)",
     )
     p.add_argument(
         "--no-two-pass",
@@ -1011,8 +1014,9 @@ def write_real_markdown(r: dict, args, load: float) -> None:
         "starts excluded from rates"
         + ("." if "b_tok_s" in r else "; (b), the two-pass flow, left out (`--no-two-pass`)."),
         "",
-        "| samples (a / c) | prompt tokens (a / c) | generated tokens (a / c) | (a) plain tok/s | (c) run_regenerate "
-        "tok/s | (c) captured tok/s | **P1 = c/a** | steady s (a / c) | engine start a / c (s) |",
+        "| samples (a / c) | prompt tokens (a / c) | generated tokens (a / c) "
+        "| (a) plain tok/s | (c) run_regenerate tok/s | (c) captured tok/s | **P1 = c/a** "
+        "| steady s (a / c) | engine start a / c (s) |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| {r['a_samples']} / {r['samples']} | {r['a_prompt_tokens']} / {r['prompt_tokens']} | "
         f"{r['a_generated_tokens']} / "
