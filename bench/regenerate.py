@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/regenerate.py [--targets trained,large] [--rounds 3]
         [--conversations trained=4000,large=1000] [--profile] [--no-write]
+    .venv/bin/python bench/regenerate.py --targets real --no-two-pass [--rounds 3]
 
 Workload (what a user has): synthetic conversations of a held-out seed (at
 least 1,000; 4,000 on the trained toy, whose plain engine does 1,000 in ~4 s,
@@ -40,25 +41,42 @@ conversations, engine starts excluded from every rate (reported apart):
     local Ray, committing compressed shards; its steady-state rate (from
     every engine up to the last shard written).
 
+The real target (`--targets real`, SmolLM2-135M-Instruct, `make setup-real`):
+its default config (`pipeline/demo/configs/real-smollm2.yaml`: bf16,
+max_model_len 2048, up to 256 new tokens, `turns: last`, 50 conversations a
+unit; 400 conversations by default, ~100 s of steady generation for each of
+(a) and (c) on a 2-core host, answers being short) with only the corpus seed
+(the same held-out seed 7), the conversation count and the output overridden.
+Its workload is the config's, `turns: last` (one answer per conversation, its
+last user turn given the original history, as a user of that config gets), and
+(a) and (c) answer the same prompts: (a) renders them from the same config
+with the same template. P1 there is `real_P1`; P2 is not asked for the real
+target, so `--no-two-pass` leaves (b) out and the rounds are (a), (c). The
+real target's figures go to their own keys (`real_regen_*`, `real_P1`) and
+their own section of RESULTS.md; a run of the toys keeps them, and a run of
+the real target keeps the toys' keys and section.
+
 Rounds alternate the order ((a, b) then (c), then (c) then (a, b), ...), so
 the ratios see the same machine load; every ratio is per round, reported as
-the median with its range. Rates: generated tok/s, and captured tok/s
-(prompt + generated tokens whose hidden states are stored). P1 = c / a and
-P2 = c / b in generated tok/s on the large toy; `regen_trained_P1/P2` on the
-trained toy. `--profile` samples one more run of (c), after the rounds and
-not counted in them (a profiler slows what it samples), with py-spy (the
-replica process, its engine processes and its write-back process, on-CPU
-samples only) and prints the shares of engine, capture, transport, encoding,
-writing and Ray. Each (c) also records the CPU seconds of the replica's
-processes over its steady state (`c_cpu_*_s`: the replica, its write-back
-process, the model workers, the engine core), and (a) and (c) the seconds
-of their engine loops admitting, in engine steps and handling results. Also
-measured: encode MB/s per core of the bf16 codec at the 2.8T example's width
-(hidden 7168 x 6 states), with one and two threads (the write-back's threads
-need the codec to release the GIL).
-Results merge into bench/results.json; this bench's section of RESULTS.md is
-replaced. One script on purpose (over 400 lines): the three paths, the
-rounds, the profile and the records read best side by side.
+the median with its range. Rates: generated tok/s, and captured tok/s (prompt
++ generated tokens whose hidden states are stored). P1 = c / a and P2 = c / b
+in generated tok/s on the large toy; `regen_trained_P1/P2` on the trained toy;
+`real_P1` (= `real_regen_P1`) on the real target. `--profile` samples one more
+run of (c), after the rounds and not counted in them (a profiler slows what it
+samples), with py-spy (the replica process, its engine processes and its
+write-back process, on-CPU samples only) and prints the shares of engine,
+capture, transport, encoding, writing and Ray. Each (c) also records the CPU
+seconds of the replica's processes over its steady state (`c_cpu_*_s`: the
+replica, its write-back process, the model workers, the engine core), and (a)
+and (c) the seconds of their engine loops admitting, in engine steps and
+handling results. Also measured: encode MB/s per core of the bf16 codec at the
+2.8T example's width (hidden 7168 x 6 states), with one and two threads (the
+write-back's threads need the codec to release the GIL).
+Results merge into bench/results.json; a toy run replaces the toys' keys
+(`regen_*`, `P1`, `P2`) and the bench's toy section of RESULTS.md, a real run
+replaces the `real_regen_*` keys, `real_P1` and the real target's section. One
+script on purpose (over 400 lines): the three paths, the rounds, the profile
+and the records read best side by side.
 """
 
 from __future__ import annotations
@@ -88,13 +106,25 @@ from results_file import (  # bench/ is sys.path[0]
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CORPUS_SEED = 7  # the toys trained on seed 0; this is held-out text
+REAL = "real"  # the real target's name here: its default config, real-smollm2.yaml
 
 
 def bench_config(name: str, conversations: int, out: Path):
-    """The default regeneration config, on toy `name` and `conversations` held-out conversations."""
+    """The default regeneration config, on toy `name` (or the real target, `real`) and
+    `conversations` held-out conversations."""
     from pipeline.demo import CONFIG_DIR
     from pipeline.regenerate.config import load_config
 
+    if name == REAL:  # its own default config: only the workload's size, seed and output change
+        return load_config(
+            CONFIG_DIR / "real-smollm2.yaml",
+            overrides={
+                "name": "bench-real",
+                "corpus.synthetic.num_conversations": conversations,
+                "corpus.synthetic.seed": CORPUS_SEED,
+                "output.uri": str(out),
+            },
+        )
     return load_config(
         CONFIG_DIR / "toy.yaml",
         overrides={
@@ -121,7 +151,8 @@ def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, in
 
     gen = config.generation
     eos = tokenizer.eos_token_id
-    turns = {c.conversation_id: answer_turns(c.messages, "all") for c in conversations}
+    which = config.regenerate.turns  # "all": turn j sees the regenerated turns; "last": none
+    turns = {c.conversation_id: answer_turns(c.messages, which) for c in conversations}
     texts: dict[str, list[str]] = {c.conversation_id: [] for c in conversations}
     answers: dict[str, tuple[list[int], list[int]]] = {}  # sample id -> (prompt, answer)
     alive = {c.conversation_id for c in conversations}
@@ -132,7 +163,8 @@ def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, in
             cid = conv.conversation_id
             if cid not in alive or round_ not in turns[cid]:
                 continue
-            prompt = render_prompt(tokenizer, prompt_messages(conv.messages, round_, texts[cid]))
+            history = texts[cid] if which == "all" else None
+            prompt = render_prompt(tokenizer, prompt_messages(conv.messages, round_, history))
             budget = answer_budget(len(prompt), gen.max_new_tokens, config.target.max_model_len)
             if budget < config.regenerate.min_answer_tokens:
                 alive.discard(cid)
@@ -159,7 +191,8 @@ def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, in
                 alive.discard(cid)
                 continue
             answers[sample_id(cid, round_)] = (prompt, answer)
-            texts[cid].append(tokenizer.decode(answer, skip_special_tokens=True))
+            if any(t > round_ for t in turns[cid]):
+                texts[cid].append(tokenizer.decode(answer, skip_special_tokens=True))
     seconds = time.perf_counter() - started
     prompt_tokens = sum(len(p) for p, _ in answers.values())
     generated = sum(len(a) for _, a in answers.values())
@@ -189,10 +222,15 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
     )
     eos = tokenizer.eos_token_id
     by_id = {c.conversation_id: c for c in conversations}
-    turns = {c.conversation_id: answer_turns(c.messages, "all") for c in conversations}
+    which = config.regenerate.turns  # as the unit job: "last" keeps the original history
+    turns = {c.conversation_id: answer_turns(c.messages, which) for c in conversations}
     texts: dict[str, list[str]] = {c.conversation_id: [] for c in conversations}
     answers: dict[str, tuple[list[int], list[int]]] = {}
-    waiting = [(1, i, c.conversation_id, 0) for i, c in enumerate(conversations)]  # (prio, ...)
+    waiting = [  # (prio, order, conversation, turn): each conversation's first wanted turn
+        (1, i, c.conversation_id, turns[c.conversation_id][0])
+        for i, c in enumerate(conversations)
+        if turns[c.conversation_id]
+    ]
     heapq.heapify(waiting)
     order = len(conversations)
     in_flight: dict[str, tuple[str, int, list[int]]] = {}
@@ -203,7 +241,8 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
         while waiting and len(in_flight) < limit:
             _, _, cid, turn = heapq.heappop(waiting)
             conv = by_id[cid]
-            prompt = render_prompt(tokenizer, prompt_messages(conv.messages, turn, texts[cid]))
+            history = texts[cid] if which == "all" else None
+            prompt = render_prompt(tokenizer, prompt_messages(conv.messages, turn, history))
             budget = answer_budget(len(prompt), gen.max_new_tokens, config.target.max_model_len)
             if budget < config.regenerate.min_answer_tokens:
                 continue  # the conversation ends here, as in the unit job
@@ -232,9 +271,9 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
             if not answer:
                 continue
             answers[out.request_id] = (prompt, answer)
-            texts[cid].append(tokenizer.decode(answer, skip_special_tokens=True))
             later = [t for t in turns[cid] if t > turn]
-            if later:
+            if later:  # the next turn sees this answer as text (the unit job decodes only then)
+                texts[cid].append(tokenizer.decode(answer, skip_special_tokens=True))
                 order += 1
                 heapq.heappush(waiting, (0, order, cid, later[0]))  # next turns first
         phases["handle_s"] += time.perf_counter() - handling
@@ -357,11 +396,18 @@ PLACEMENTS = ("host", "workers")  # where (a)'s engine core runs (cpu_host.py pl
 
 
 def run_a_b(
-    config, conversations, work: Path, *, with_rounds: bool = False, round_: int = 0
+    config,
+    conversations,
+    work: Path,
+    *,
+    with_rounds: bool = False,
+    round_: int = 0,
+    two_pass: bool = True,
 ) -> dict:
     """(a) under both engine-core placements on one engine (alternating which goes first
     by round), the faster one as (a): the baseline set up as well as it can be; then
-    (b), its first pass being that run, its second pass under the same placement."""
+    (b), its first pass being that run, its second pass under the same placement
+    (left out with `two_pass=False`: (a) alone)."""
     from pipeline.targets.resolve import resolve_model
     from pipeline.targets.vllm_backend import VLLMTarget, shutdown_engine
 
@@ -391,6 +437,16 @@ def run_a_b(
     shutdown_engine(llm)
     del llm
     _free()
+    plain = {
+        "a_s": a_s,
+        **extra,
+        "a_prompt_tokens": prompt_tokens,
+        "a_generated_tokens": generated,
+        "a_samples": len(answers),
+        "a_engine_start_s": start_a,
+    }
+    if not two_pass:
+        return plain
     t0 = time.perf_counter()
     # The second pass feeds prompt + answer and samples one token: one more than
     # the context the answers were generated in.
@@ -403,15 +459,9 @@ def run_a_b(
     del capture
     _free()
     shutil.rmtree(work / "two-pass", ignore_errors=True)
-    return {
-        "a_s": a_s,
-        **extra,
+    return plain | {
         "b_s": a_s + b2_s,
         "b_second_pass_s": b2_s,
-        "a_prompt_tokens": prompt_tokens,
-        "a_generated_tokens": generated,
-        "a_samples": len(answers),
-        "a_engine_start_s": start_a,
         "b_engine_start_s": start_a + start_b,
     }
 
@@ -612,9 +662,14 @@ def conversations_for(args, name: str) -> int:
 def run_target(name: str, args, log: list[str]) -> dict:
     from pipeline.corpus.ingest import load_corpus
     from pipeline.regenerate.pool import init_ray
+    from pipeline.targets.resolve import resolve_model
     from pipeline.toy.target import build_toy_target
 
-    build_toy_target(name)
+    if name == REAL:  # converted once and cached (make setup-real); resolving checks it is there
+        resolve_model(bench_config(name, 1, Path("unused")).target.model)
+    else:
+        build_toy_target(name)
+    two_pass = not args.no_two_pass
     work = Path(tempfile.mkdtemp(prefix=f"bench-regen-{name}-"))
     rounds = []
     profile_shares = None
@@ -634,6 +689,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
                             work / f"r{round_}",
                             with_rounds=name in args.rounds_baseline.split(","),
                             round_=round_,
+                            two_pass=two_pass,
                         )
                     )
                     if name in args.inprocess_baseline.split(","):
@@ -646,12 +702,13 @@ def run_target(name: str, args, log: list[str]) -> dict:
                     if name in args.fixed_units_baseline.split(","):
                         r.update(run_c_fixed(name, args, work / f"r{round_}-fixed", r))
             r["a_tok_s"] = r["a_generated_tokens"] / r["a_s"]
-            r["b_tok_s"] = r["a_generated_tokens"] / r["b_s"]
             r["c_tok_s"] = r["c_generated_tokens"] / r["c_s"]
-            r["b_captured_tok_s"] = (r["a_generated_tokens"] + r["a_prompt_tokens"]) / r["b_s"]
             r["c_captured_tok_s"] = (r["c_generated_tokens"] + r["c_prompt_tokens"]) / r["c_s"]
             r["P1"] = r["c_tok_s"] / r["a_tok_s"]
-            r["P2"] = r["c_tok_s"] / r["b_tok_s"]
+            if two_pass:
+                r["b_tok_s"] = r["a_generated_tokens"] / r["b_s"]
+                r["b_captured_tok_s"] = (r["a_generated_tokens"] + r["a_prompt_tokens"]) / r["b_s"]
+                r["P2"] = r["c_tok_s"] / r["b_tok_s"]
             rounds.append({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()})
             line = f"{name} round {round_} ({'+'.join(order)}): " + json.dumps(rounds[-1])
             print(line, flush=True)
@@ -674,6 +731,9 @@ def run_target(name: str, args, log: list[str]) -> dict:
         "samples": rounds[0]["c_samples"],
         "generated_tokens": rounds[0]["c_generated_tokens"],
         "prompt_tokens": rounds[0]["c_prompt_tokens"],
+        "a_samples": rounds[0]["a_samples"],
+        "a_generated_tokens": rounds[0]["a_generated_tokens"],
+        "a_prompt_tokens": rounds[0]["a_prompt_tokens"],  # equal to (c)'s: the same prompts
         **{
             k: med(k)
             for k in (
@@ -684,7 +744,10 @@ def run_target(name: str, args, log: list[str]) -> dict:
                 "c_captured_tok_s",
                 "P1",
                 "P2",
+                "a_s",
+                "c_s",
             )
+            if k in rounds[0]  # (b)'s only with the two-pass flow
         },
         **{
             k: med(k)
@@ -694,6 +757,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
                 "c_engine_start_s",
                 "c_peak_capture_mb",
             )
+            if k in rounds[0]
         },
         "rounds": rounds,
     }
@@ -728,11 +792,12 @@ def run_target(name: str, args, log: list[str]) -> dict:
 
 def write_markdown(results: dict, codec: dict, args, load: float) -> None:
     fmt = fmt_spread
+    counts = ",".join(f"{name}={r['conversations']}" for name, r in results.items())
     lines = [
         "# Regeneration benchmark (bench/regenerate.py)",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_capability()}), load "
-        f"average {load:.1f} at start. vLLM CPU, synthetic conversations ({args.conversations}; seed {CORPUS_SEED}, "
+        f"average {load:.1f} at start. vLLM CPU, synthetic conversations ({counts}; seed {CORPUS_SEED}, "
         "~30% multi-turn, `turns: all`), natural lengths, EOS honoured, greedy, the default "
         f"config (pipeline/demo/configs/toy.yaml); {args.rounds} alternating rounds; medians "
         "with [min-max] over rounds; engine starts excluded from rates.",
@@ -822,9 +887,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--conversations",
-        default="trained=4000,large=1000",
+        default=f"trained=4000,large=1000,{REAL}=400",
         help="N, or per target: name=N,name=N (the trained toy's plain engine does 1,000 "
-        "conversations in ~4 s, too short for a steady-state rate)",
+        "conversations in ~4 s, too short for a steady-state rate; the real target's "
+        "400 (395 after de-duplication, ~65 generated tokens an answer) give each path "
+        "~100 s of steady generation here)",
+    )
+    p.add_argument(
+        "--no-two-pass",
+        action="store_true",
+        help="leave (b), the two-pass flow, out: (a) and (c) only, P1 without P2; for the "
+        f"real target (`{REAL}`), where P2 is not asked; the toys' section reports P2",
     )
     p.add_argument("--profile", action="store_true")
     p.add_argument(
@@ -852,6 +925,9 @@ def main() -> None:
     if args.inprocess_child:
         _inprocess_child(args.inprocess_child)
         return
+    targets = args.targets.split(",")
+    if args.no_two_pass and set(targets) - {REAL}:
+        raise SystemExit(f"--no-two-pass is for --targets {REAL} (the toys' section reports P2)")
     from pipeline.logs import setup_logging
 
     setup_logging()
@@ -864,11 +940,12 @@ def main() -> None:
             "a bf16-native one (docs/capture.md, Throughput)",
             flush=True,
         )
-    codec = encode_rates()
+    # The codec's rate is the toys' record (the real target's section does not report it).
+    codec = encode_rates() if set(targets) - {REAL} else {}
     print(json.dumps({"codec": codec}), flush=True)
     log: list[str] = []
     results: dict[str, dict] = {}
-    for name in args.targets.split(","):
+    for name in targets:
         results[name] = run_target(name, args, log)
         print(
             json.dumps({name: {k: v for k, v in results[name].items() if k != "rounds"}}),
@@ -879,6 +956,105 @@ def main() -> None:
 
 
 def record(results: dict, codec: dict, args, load: float) -> None:
+    """Each target's figures to its own keys and section: the toys' (`regen_*`, `P1`,
+    `P2`, the section `bench/regenerate.py`) and the real target's (`real_regen_*`,
+    `real_P1`, the section `bench/regenerate.py real`) never replace each other's."""
+    toys = {name: r for name, r in results.items() if name != REAL}
+    if toys:
+        record_toys(toys, codec, args, load)
+    if REAL in results:
+        record_real(results[REAL], args, load)
+    print("wrote bench/results.json and bench/RESULTS.md", flush=True)
+
+
+REAL_KEYS = ("a_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "a_s", "c_s")
+REAL_STARTS = ("a_engine_start_s", "c_engine_start_s")
+
+
+def record_real(r: dict, args, load: float) -> None:
+    """The real target's keys (`real_regen_*`, `real_P1`) and its RESULTS.md section."""
+    flat: dict = {
+        "real_regen_bench_load_average": round(load, 2),
+        "real_regen_cpu_capability": cpu_capability(),
+        "real_regen_rounds": len(r["rounds"]),
+        "real_regen_conversations": r["conversations"],
+        "real_regen_samples": r["samples"],
+        "real_regen_a_samples": r["a_samples"],
+        "real_regen_generated_tokens": r["generated_tokens"],
+        "real_regen_a_generated_tokens": r["a_generated_tokens"],
+        "real_regen_prompt_tokens": r["prompt_tokens"],
+        "real_regen_a_prompt_tokens": r["a_prompt_tokens"],
+        "real_regen_two_pass": "b_tok_s" in r,
+    }
+    keys = REAL_KEYS + REAL_STARTS + tuple(k for k in ("b_tok_s", "P2") if k in r)
+    for key in keys:
+        flat[f"real_regen_{key}"] = round(r[key]["median"], 3)
+        flat[f"real_regen_{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]
+    flat["real_P1"] = flat["real_regen_P1"]
+    flat["real_P1_range"] = flat["real_regen_P1_range"]
+    merge_results(flat, replace=("real_regen_", "real_P1"))
+    write_real_markdown(r, args, load)
+
+
+def write_real_markdown(r: dict, args, load: float) -> None:
+    fmt = fmt_spread
+    rounds = r["rounds"]
+    lines = [
+        "# Regeneration on the real target (bench/regenerate.py --targets real)",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_capability()}), load "
+        f"average {load:.1f} at start. SmolLM2-135M-Instruct (bf16, converted from the "
+        "packaged GGUF), vLLM CPU, its default config (pipeline/demo/configs/"
+        "real-smollm2.yaml: max_model_len 2048, up to 256 new tokens, `turns: last`) with "
+        f"{r['conversations']} synthetic conversations of the held-out seed {CORPUS_SEED}; "
+        "natural lengths, EOS honoured, greedy; (a) and (c) answer the same prompts. "
+        f"{len(rounds)} "
+        + ("alternating rounds" if len(rounds) > 1 else "round")
+        + "; medians with [min-max] over rounds; engine "
+        "starts excluded from rates"
+        + ("." if "b_tok_s" in r else "; (b), the two-pass flow, left out (`--no-two-pass`)."),
+        "",
+        "| samples (a / c) | prompt tokens (a / c) | generated tokens (a / c) "
+        "| (a) plain tok/s | (c) run_regenerate tok/s | (c) captured tok/s | **P1 = c/a** "
+        "| steady s (a / c) | engine start a / c (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {r['a_samples']} / {r['samples']} | {r['a_prompt_tokens']} / {r['prompt_tokens']} | "
+        f"{r['a_generated_tokens']} / "
+        f"{r['generated_tokens']} | {fmt(r['a_tok_s'])} | {fmt(r['c_tok_s'])} | "
+        f"{fmt(r['c_captured_tok_s'])} | **{fmt(r['P1'], 3)}** | {r['a_s']['median']:.0f} / "
+        f"{r['c_s']['median']:.0f} | {fmt(r['a_engine_start_s'])} / "
+        f"{fmt(r['c_engine_start_s'])} |",
+    ]
+    if "b_tok_s" in r:
+        lines += ["", f"(b) two-pass {fmt(r['b_tok_s'])} tok/s, P2 = c/b {fmt(r['P2'], 3)}."]
+    if "a_host_tok_s" in r:
+        lines += [
+            "",
+            f"(a) with vLLM's engine core on the host CPU(s) {fmt(r['a_host_tok_s'])} tok/s, "
+            f"on the model worker's {fmt(r['a_workers_tok_s'])} tok/s ((c)'s is on the "
+            f"worker's); (a) is the faster of the two in each round "
+            f"({', '.join(r['a_placement'])}).",
+        ]
+    if "a_admit_s" in r:
+        lines += [
+            "",
+            f"The engine loop's seconds, (a) / (c): admitting {fmt(r['a_admit_s'], 2)} / "
+            f"{fmt(r['c_admit_s'], 2)}, in engine steps {fmt(r['a_step_s'], 2)} / "
+            f"{fmt(r['c_step_s'], 2)}, handling results {fmt(r['a_handle_s'], 2)} / "
+            f"{fmt(r['c_handle_s'], 2)} ((c)'s steps include the capture in the step and "
+            "taking its rows).",
+        ]
+    lines += ["", "Per round:", ""]
+    for i, rnd in enumerate(rounds):
+        keep = {k: v for k, v in rnd.items() if not k.endswith("tokens") or k.startswith("c_")}
+        lines.append(f"* round {i}: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
+    if "profile_c_percent" in r:
+        lines += ["", "Profile of (c), an extra run after the rounds (py-spy, % of samples):", ""]
+        lines += [f"* {k}: {v}%" for k, v in r["profile_c_percent"].items()]
+    write_section("bench/regenerate.py real", "\n".join(lines))
+
+
+def record_toys(results: dict, codec: dict, args, load: float) -> None:
     flat: dict = {
         "regen_bench_load_average": round(load, 2),
         "regen_cpu_capability": cpu_capability(),
@@ -903,10 +1079,9 @@ def record(results: dict, codec: dict, args, load: float) -> None:
         if name == "large":
             flat["P1"], flat["P2"] = flat["regen_P1"], flat["regen_P2"]
     # Replaces every earlier regen_/P1/P2 key (the single-batch benchmark's described
-    # another workload).
+    # another workload); the real target's (real_regen_*, real_P1) are not among them.
     merge_results(flat, replace=("regen_", "P1", "P2"))
     write_markdown(results, codec, args, load)
-    print("wrote bench/results.json and bench/RESULTS.md", flush=True)
 
 
 if __name__ == "__main__":
