@@ -29,23 +29,26 @@ from pipeline.storage import write_text_atomic
 if TYPE_CHECKING:
     import numpy as np
 
-    from pipeline.shards.split import DatasetSplit
+    from pipeline.shards.split import DatasetSplit, RowRef
 
 log = logging.getLogger(__name__)
 
 VOCAB_FILE = "draft_vocab.json"
 
 
-def answer_token_counts(split: DatasetSplit, vocab_size: int) -> np.ndarray:
+def answer_token_counts(
+    split: DatasetSplit, vocab_size: int, rows: list[RowRef] | None = None
+) -> np.ndarray:
     """(V,) int64: occurrences of each token among the loss-masked tokens of the
-    split's training rows (each truncated to the split's max_seq_len, as training reads it)."""
+    split's training rows (or `rows`), each truncated to the split's max_seq_len as
+    training reads it."""
     import numpy as np
 
     from pipeline.shards.reader import open_shard, read_row_group
 
     counts = np.zeros(vocab_size, dtype=np.int64)
     groups: dict[tuple[int, int], list[int]] = {}
-    for ref in split.train_rows:
+    for ref in split.train_rows if rows is None else rows:
         groups.setdefault((ref.shard, ref.row_group), []).append(ref.row)
     limit = split.max_seq_len
     for (shard, group), rows in sorted(groups.items()):
