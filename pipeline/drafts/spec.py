@@ -65,11 +65,12 @@ class DraftSpec:
 
     def to_json(self) -> str:
         data = {**asdict(self), "aux_layer_ids": list(self.aux_layer_ids)}
+        del data["draft_vocab"]  # full-vocabulary specs keep the layout they always had
+        text = json.dumps(data, indent=2)
         if self.draft_vocab is None:
-            del data["draft_vocab"]  # full-vocabulary specs keep the layout they always had
-        else:
-            data["draft_vocab"] = list(self.draft_vocab)
-        return json.dumps(data, indent=2)
+            return text
+        # Thousands of ids: one line, not one line each.
+        return text[: -len("\n}")] + f',\n  "draft_vocab": {json.dumps(list(self.draft_vocab))}\n}}'
 
     @classmethod
     def from_json(cls, text: str) -> DraftSpec:

@@ -242,3 +242,14 @@ def test_an_export_without_maps_for_a_reduced_size_is_refused(random_target_dir,
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="no d2t and t2d"):
         read_export(out)
+
+
+def test_the_spec_records_the_vocabulary_and_full_specs_keep_their_layout():
+    from pipeline.drafts.spec import DraftSpec
+
+    reduced = tiny_spec(draft_vocab=(1, 2, 5))
+    assert DraftSpec.from_json(reduced.to_json()) == reduced
+    assert reduced.draft_vocab_size == 3 and reduced.to_json().count("\n") < 40
+    full = tiny_spec()
+    assert "draft_vocab" not in full.to_json() and full.draft_vocab_size == full.vocab_size
+    assert DraftSpec.from_json(full.to_json()) == full
