@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -96,3 +97,14 @@ def test_full_vocabulary_runs_report_no_outside_tokens(toy_shards, tmp_path):
     assert load_checkpoint(result.checkpoint).spec.draft_vocab is None
     assert result.metrics[0]["ce_outside"] == 0
     assert not (tmp_path / "full" / VOCAB_FILE).exists()
+
+
+def test_a_size_above_the_targets_vocabulary_is_refused():
+    import pytest
+
+    from pipeline.train.config import DraftConfig
+
+    target = json.loads((Path(resolve_model("toy:trained")) / "config.json").read_text())
+    draft = DraftConfig(num_layers=1, draft_vocab_size=target["vocab_size"] + 1)
+    with pytest.raises(ValueError, match="exceeds the target's vocabulary"):
+        draft.resolve(target, aux_layer_ids=[1, 2, 3], mask_token_id=3)
