@@ -391,11 +391,46 @@ class TargetHeadDraft(nn.Module):
         # A target with tied embeddings keeps one table (`lm_head` then reads it).
         head = None if tied else lm_head.detach().to(frozen_dtype or lm_head.dtype).clone()
         self.register_buffer("lm_head_weight", head, persistent=False)
+        # A reduced draft vocabulary (pipeline/drafts/vocab.py): the draft's head is the
+        # target head's rows of those tokens, frozen as the full head is (speculators
+        # does the same); `draft_ids` maps a draft id to its target id, `target_to_draft`
+        # back (-1: not in the draft vocabulary).
+        self.register_buffer("draft_ids", None, persistent=False)
+        self.register_buffer("target_to_draft", None, persistent=False)
+        self.register_buffer("draft_head", None, persistent=False)
+        if spec.draft_vocab is not None:
+            ids = torch.tensor(spec.draft_vocab, dtype=torch.long)
+            back = torch.full((spec.vocab_size,), -1, dtype=torch.long)
+            back[ids] = torch.arange(ids.shape[0])
+            self.draft_ids, self.target_to_draft = ids, back
+            self.draft_head = self.lm_head[ids].clone()
 
     @property
     def lm_head(self) -> torch.Tensor:
         """(V, d) the target's frozen lm_head (its embedding table when tied)."""
         return self.embed_tokens if self.lm_head_weight is None else self.lm_head_weight
+
+    @property
+    def output_head(self) -> torch.Tensor:
+        """(Vd, d) the draft's own head: the target head's rows of the draft vocabulary."""
+        return self.lm_head if self.draft_head is None else self.draft_head
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (unchanged for a full vocabulary)."""
+        return draft_ids if self.draft_ids is None else self.draft_ids[draft_ids]
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft-vocabulary ids, -1 for a token outside it."""
+        return target_ids if self.target_to_draft is None else self.target_to_draft[target_ids]
+
+    def to_target_vocab(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(..., Vd) -> (..., V): per-token values of the draft vocabulary scattered to
+        their target ids, `fill` elsewhere (probabilities: 0; logits: -inf)."""
+        if self.draft_ids is None:
+            return values
+        out = values.new_full((*values.shape[:-1], self.spec.vocab_size), fill)
+        out[..., self.draft_ids] = values
+        return out
 
     def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The target's embedding of `ids` (scaled as the target scales it), in `dtype`."""
@@ -403,8 +438,9 @@ class TargetHeadDraft(nn.Module):
         return x * self.spec.embed_scale if self.spec.embed_scale != 1.0 else x
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., d) -> (..., V): the frozen lm_head (and the target's soft-cap) on `hidden`."""
-        return softcap(hidden @ self.lm_head.T.to(hidden.dtype), self.spec.logit_softcap)
+        """(..., d) -> (..., Vd): the draft's frozen head (and the target's soft-cap) on
+        `hidden`; Vd = V unless the draft vocabulary is reduced."""
+        return softcap(hidden @ self.output_head.T.to(hidden.dtype), self.spec.logit_softcap)
 
     def output_logits(self, hidden: torch.Tensor, markov: torch.Tensor | None) -> torch.Tensor:
         """The draft's logits from its final hidden state (and Markov input, if it has one)."""
@@ -413,6 +449,13 @@ class TargetHeadDraft(nn.Module):
     def target_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         """The target's logits rebuilt from its post-norm final hidden state."""
         return softcap(last_hidden.to(self.lm_head.dtype) @ self.lm_head.T, self.spec.logit_softcap)
+
+    def teacher_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., Vd): the target's logits at the draft vocabulary's tokens,
+        what the loss's softmax renormalises (EAGLE-3's restricted target; all of
+        `target_logits` for a full vocabulary)."""
+        head = self.output_head
+        return softcap(last_hidden.to(head.dtype) @ head.T, self.spec.logit_softcap)
 
 
 EMBED_NAMES = (

@@ -4,8 +4,11 @@ A directory with `config.json` (speculators_model_type, transformer_layer_config
 speculators_config with the verifier, the kind's own fields) and
 `model.safetensors` whose tensor names are the ones vLLM's loaders read.
 Embeddings and lm_head are not saved (vLLM shares the target's) unless the
-format carries them (EAGLE-3). Which format a draft exports as, how that
-format's config.json is written and read, and whether it carries the
+format carries them (EAGLE-3). A draft with a reduced vocabulary
+(`DraftSpec.draft_vocab`) writes `draft_vocab_size`, its own `lm_head.weight`
+(the target head's rows of its tokens) and the maps `d2t`/`t2d`, in every
+format: vLLM's eagle3, dflash and dspark loaders all read them. Which
+format a draft exports as, how that format's config.json is written and read, and whether it carries the
 target's tensors are the registry's (pipeline/drafts/registry.py; the
 formats themselves are dspark/export.py and eagle3/export.py, their shared
 fields speculators.py). A draft exported to another kind's format (a DSpark
@@ -18,6 +21,7 @@ export exactly as it loads a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -35,6 +39,8 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 # Tensors of the target a format with `target_tensors` carries (EAGLE-3).
 TARGET_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+# A reduced draft vocabulary's maps (pipeline/drafts/vocab.py); its head is `lm_head.weight`.
+VOCAB_MAPS = ("d2t", "t2d")
 
 
 @dataclass(frozen=True)
@@ -97,11 +103,35 @@ def export_draft(
             )
         for name in TARGET_TENSORS:
             tensors[name] = target_tensors[name].detach().to("cpu", torch_dtype).contiguous()
+    if spec.draft_vocab is not None:
+        tensors.update(_vocab_tensors(spec, target_tensors, torch_dtype))
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     log.info("exported %s draft to %s (%d tensors)", model_type, out, len(tensors))
     return out
+
+
+def _vocab_tensors(spec: DraftSpec, target_tensors: dict | None, dtype) -> dict:
+    """A reduced draft vocabulary's tensors: its head (the target lm_head's rows of the
+    draft vocabulary: vLLM cannot share the target's full head with it) and the maps
+    d2t (int64) and t2d (bool), as vLLM's eagle3, dflash and dspark loaders read them."""
+    import torch
+
+    from pipeline.drafts.vocab import d2t_of, t2d_of
+
+    if not target_tensors or "lm_head.weight" not in target_tensors:
+        raise ValueError(
+            "a reduced-vocabulary export carries its own head (the target lm_head's rows of "
+            "the draft vocabulary): pass target_tensors with lm_head.weight"
+        )
+    ids = torch.tensor(spec.draft_vocab, dtype=torch.long)
+    head = target_tensors["lm_head.weight"].detach().to("cpu")[ids]
+    return {
+        "lm_head.weight": head.to(dtype).contiguous(),
+        "d2t": d2t_of(spec.draft_vocab),
+        "t2d": t2d_of(spec.draft_vocab, spec.vocab_size),
+    }
 
 
 def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = None) -> ExportPaths:
@@ -115,7 +145,7 @@ def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = Non
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
     model_type = kind.format_for(spec)
     target_tensors = None
-    if draft_kind(model_type).format.target_tensors:
+    if draft_kind(model_type).format.target_tensors or spec.draft_vocab is not None:
         from pipeline.drafts.common import load_target_head
 
         embed, head = load_target_head(target_dir, dtype=None)
@@ -163,14 +193,38 @@ def spec_from_export(config: dict, where: str) -> DraftSpec:
 def read_export(path: str | Path, *, weights: bool = True) -> tuple[DraftSpec, dict | None]:
     """(spec, tensors) of the export in `path`; tensors None unless `weights`."""
     path = Path(path)
-    spec = spec_from_export(json.loads((path / CONFIG).read_text()), str(path))
+    config = json.loads((path / CONFIG).read_text())
+    spec = spec_from_export(config, str(path))
+    draft_vocab_size = config.get("draft_vocab_size") or spec.vocab_size
+    if draft_vocab_size < spec.vocab_size:
+        spec = dataclasses.replace(spec, draft_vocab=_read_draft_vocab(path, draft_vocab_size))
     if not weights:
         return spec, None
     from safetensors.torch import load_file
 
     tensors = load_file(str(path / WEIGHTS))
-    # The target's own tables (EAGLE-3 exports carry them) are not draft weights.
-    return spec, {k: v for k, v in tensors.items() if k not in TARGET_TENSORS}
+    # The target's own tables (EAGLE-3 exports carry them), a reduced vocabulary's head
+    # (their rows) and maps are not draft weights: the draft rebuilds them from the spec.
+    return spec, {k: v for k, v in tensors.items() if k not in (*TARGET_TENSORS, *VOCAB_MAPS)}
+
+
+def _read_draft_vocab(path: Path, size: int) -> tuple[int, ...]:
+    """The draft vocabulary an export's d2t/t2d encode (checked against each other)."""
+    from safetensors import safe_open
+
+    from pipeline.drafts.vocab import vocab_from_maps
+
+    with safe_open(str(path / WEIGHTS), framework="pt") as f:
+        names = set(f.keys())
+        if not set(VOCAB_MAPS) <= names:
+            raise ValueError(
+                f"{path}: draft_vocab_size {size} is below the target's vocabulary but the "
+                f"export has no {' and '.join(sorted(set(VOCAB_MAPS) - names))}"
+            )
+        vocab = vocab_from_maps(f.get_tensor("d2t"), f.get_tensor("t2d"))
+    if len(vocab) != size:
+        raise ValueError(f"{path}: d2t holds {len(vocab)} tokens, draft_vocab_size says {size}")
+    return vocab
 
 
 def export_target(path: str | Path) -> str:

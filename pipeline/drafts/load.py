@@ -81,7 +81,8 @@ def load_draft(
     model = build_draft(spec, embed, head)
     if state is not None:
         missing, unexpected = model.load_state_dict(
-            {k: v.float() for k, v in state.items()}, strict=False
+            {k: v.float() if v.is_floating_point() else v for k, v in state.items()},
+            strict=False,
         )
         if missing or unexpected:
             raise ValueError(f"{path}: tensors missing {missing}, unexpected {unexpected}")

@@ -44,6 +44,14 @@ class DraftSpec:
     embed_scale: float = 1.0
     # Target logits are capped as c * tanh(logits / c) (Gemma's final_logit_softcapping).
     logit_softcap: float | None = None
+    # The target ids the draft's head proposes, sorted (pipeline/drafts/vocab.py: a
+    # reduced draft vocabulary, exported as d2t/t2d); None: the whole vocabulary.
+    draft_vocab: tuple[int, ...] | None = None
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Rows of the draft's head: the reduced vocabulary's size, else the target's."""
+        return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)
 
     @property
     def first_offset(self) -> int:
@@ -56,11 +64,24 @@ class DraftSpec:
         return self.block_size if self.sample_from_anchor else self.block_size - 1
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "aux_layer_ids": list(self.aux_layer_ids)}, indent=2)
+        data = {**asdict(self), "aux_layer_ids": list(self.aux_layer_ids)}
+        del data["draft_vocab"]  # full-vocabulary specs keep the layout they always had
+        text = json.dumps(data, indent=2)
+        if self.draft_vocab is None:
+            return text
+        # Thousands of ids: one line, not one line each.
+        return text[: -len("\n}")] + f',\n  "draft_vocab": {json.dumps(list(self.draft_vocab))}\n}}'
 
     @classmethod
     def from_json(cls, text: str) -> DraftSpec:
         """Specs written before a field existed load with its default (plain RoPE,
         no embedding scale, no soft-capping: what those drafts were trained with)."""
         data = json.loads(text)
-        return cls(**{**data, "aux_layer_ids": tuple(data["aux_layer_ids"])})
+        vocab = data.get("draft_vocab")
+        return cls(
+            **{
+                **data,
+                "aux_layer_ids": tuple(data["aux_layer_ids"]),
+                "draft_vocab": None if vocab is None else tuple(vocab),
+            }
+        )

@@ -55,6 +55,10 @@ class DraftConfig(ConfigModel):
     # Token fed to mask slots (its target embedding row); None: the tokenizer's mask token,
     # else the first unused embedding row, pad, EOS or unk (docs/train.md, Mask token).
     mask_token_id: int | None = Field(None, ge=0)
+    # Rows of the draft's head: the most frequent tokens of the training split's answers
+    # (pipeline/drafts/vocab.py, exported as the speculators format's d2t/t2d), the
+    # target's EOS tokens always among them; None: the target's whole vocabulary.
+    draft_vocab_size: int | None = Field(None, gt=0)
 
     @property
     def anchor_predicts(self) -> bool:
@@ -85,12 +89,28 @@ class DraftConfig(ConfigModel):
         return self
 
     def resolve(
-        self, target_config: dict, *, aux_layer_ids: Sequence[int], mask_token_id: int
+        self,
+        target_config: dict,
+        *,
+        aux_layer_ids: Sequence[int],
+        mask_token_id: int,
+        draft_vocab: Sequence[int] | None = None,
     ) -> DraftSpec:
         """The DraftSpec: unset sizes filled from the target's config.json contents
         (its language model's, for a multimodal checkpoint), and what the draft copies
-        from the target's family (pipeline/drafts/family.py)."""
+        from the target's family (pipeline/drafts/family.py). `draft_vocab`: the
+        reduced vocabulary's target ids (pipeline/drafts/vocab.py; None: full)."""
         cfg = language_config(target_config)
+        if draft_vocab is not None and len(draft_vocab) != self.draft_vocab_size:
+            raise ValueError(
+                f"draft vocabulary of {len(draft_vocab)} tokens for draft_vocab_size "
+                f"{self.draft_vocab_size}"
+            )
+        if self.draft_vocab_size is not None and self.draft_vocab_size > cfg["vocab_size"]:
+            raise ValueError(
+                f"draft.draft_vocab_size {self.draft_vocab_size} exceeds the target's vocabulary "
+                f"of {cfg['vocab_size']}: set it smaller, or unset it for the whole vocabulary"
+            )
         rope_theta, rope_scaling = rope_of(cfg)
         hidden = cfg["hidden_size"]
         heads = self.num_heads or cfg["num_attention_heads"]
@@ -118,6 +138,7 @@ class DraftConfig(ConfigModel):
             rope_scaling=rope_scaling,
             embed_scale=embed_scale_of(cfg),
             logit_softcap=logit_softcap_of(target_config),
+            draft_vocab=None if draft_vocab is None else tuple(int(t) for t in draft_vocab),
         )
 
 

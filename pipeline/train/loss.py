@@ -17,6 +17,13 @@ Two forms of the same loss:
   recomputed in backward (activation checkpointing), so no (N, V) fp32 tensor
   of the whole batch is ever held. What the trainer runs.
 
+With a reduced draft vocabulary (pipeline/drafts/vocab.py) the draft's and the
+target's logits both cover only its tokens: the target distribution is
+restricted to them and renormalised (EAGLE-3's), and `target_ids` are
+draft-vocabulary ids, -1 for a token outside it, whose CE term is 0 (the
+slot still counts in TV/KL, the normaliser and the acceptance metrics, where
+it can never match: `LossParts.outside` counts them).
+
 The EAGLE-3 baseline uses the same function with only the forward-KL term
 `KL(p_target || p_draft)` (EAGLE-3's soft-label cross-entropy minus the
 target's entropy: same gradient, 0 at a perfect draft) and the step weights
@@ -49,13 +56,15 @@ class LossParts:
     tv: torch.Tensor  # (R, Nb, B) per-slot TV (detached; 0 where invalid)
     kl_sum: torch.Tensor | None = None  # scalar: sum of w * KL(target || draft); 0 if unweighted
     match: torch.Tensor | None = None  # (R, Nb, B) bool: argmax of the draft == target token
+    # scalar: valid slots whose token is outside a reduced draft vocabulary (their CE is masked)
+    outside: torch.Tensor | None = None
 
 
 def draft_loss(
     *,
     logits: torch.Tensor,  # (R, Nb, B, V) draft logits
     target_logits: torch.Tensor,  # (R, Nb, B, V) target logits for the same tokens
-    target_ids: torch.Tensor,  # (R, Nb, B) token each slot drafts
+    target_ids: torch.Tensor,  # (R, Nb, B) token each slot drafts (-1: outside the draft vocab)
     valid: torch.Tensor,  # (R, Nb, B) bool: slot drafts a loss-mask token
     weights: torch.Tensor,  # (B,) slot weights (slot_weights)
     confidence_logit: torch.Tensor | None,  # (R, Nb, B)
@@ -72,7 +81,8 @@ def draft_loss(
     logp = F.log_softmax(draft, dim=-1)
     logq = F.log_softmax(target, dim=-1)  # (N, V) target log-probabilities
     q = logq.exp()
-    ce = -logp.gather(-1, target_ids[sel][:, None]).squeeze(-1)  # (N,)
+    ids = target_ids[sel]
+    ce = _masked_ce(logp, ids)  # (N,)
     # TV is always reported (and feeds the confidence head's label); it carries a
     # gradient only when it is a loss term, so CE/KL-only drafts skip its backward.
     p_draft = logp.exp() if tv_weight > 0 else logp.detach().exp()
@@ -97,7 +107,7 @@ def draft_loss(
     tv_full = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
     tv_full[sel] = tv.detach()
     match = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
-    match[sel] = draft.argmax(-1) == target_ids[sel]
+    match[sel] = draft.argmax(-1) == ids
     return LossParts(
         total,
         ce_sum.detach(),
@@ -107,7 +117,16 @@ def draft_loss(
         tv_full,
         kl_sum.detach(),
         match,
+        (ids < 0).sum().float(),
     )
+
+
+def _masked_ce(logp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(n, Vd), (n,) -> (n,) cross-entropy of each slot's token; 0 for a token outside
+    a reduced draft vocabulary (id -1: the draft cannot propose it, nothing to learn)."""
+    inside = ids >= 0
+    ce = -logp.gather(-1, ids.clamp(min=0)[:, None]).squeeze(-1)
+    return torch.where(inside, ce, torch.zeros_like(ce))
 
 
 def _slot_terms(
@@ -126,7 +145,7 @@ def _slot_terms(
     with torch.no_grad():
         logq = F.log_softmax(teacher_fn(teacher_hidden).float(), dim=-1)
         match = logp.argmax(-1) == ids
-    ce = -logp.gather(-1, ids[:, None]).squeeze(-1)
+    ce = _masked_ce(logp, ids)
     p = logp.exp() if tv_grad else logp.detach().exp()
     tv = 0.5 * (p - logq.exp()).abs().sum(-1)
     kl = (logq.exp() * (logq - logp)).sum(-1) if with_kl else torch.zeros_like(tv)
@@ -140,7 +159,7 @@ def chunked_draft_loss(
     teacher_hidden: torch.Tensor,  # (R, Nb, B, H) target's post-norm state for each slot
     logits_fn: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],  # (n,d),(n,r)->(n,V)
     teacher_fn: Callable[[torch.Tensor], torch.Tensor],  # (n, H) -> (n, V) target logits
-    target_ids: torch.Tensor,  # (R, Nb, B)
+    target_ids: torch.Tensor,  # (R, Nb, B) draft-vocabulary ids (-1: outside it)
     valid: torch.Tensor,  # (R, Nb, B) bool
     weights: torch.Tensor,  # (B,)
     confidence_logit: torch.Tensor | None,  # (R, Nb, B)
@@ -198,6 +217,7 @@ def chunked_draft_loss(
         tv_full,
         kl_sum.detach(),
         match,
+        (ids < 0).sum().float(),
     )
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
-_SUMS = 7  # ce, tv, bce, weight, kl, samples, tokens; then BlockStats.vector()
+_SUMS = 8  # ce, tv, bce, weight, kl, samples, tokens, outside; then BlockStats.vector()
 
 
 def step_sums(
@@ -39,7 +39,7 @@ def step_sums(
     weight: torch.Tensor,  # scalar: the batch's summed slot weight
     first_offset: int,
 ) -> torch.Tensor:
-    """(7 + 3B + 3,) float32: the sums of one step's batch, all-reduced as one vector."""
+    """(8 + 3B + 3,) float32: the sums of one step's batch, all-reduced as one vector."""
     import torch
 
     from pipeline.train.loss import block_stats
@@ -55,6 +55,10 @@ def step_sums(
             torch.tensor(
                 [batch.num_samples, batch.num_tokens], dtype=torch.float32, device=weight.device
             ),
+            (weight.new_zeros(()) if parts.outside is None else parts.outside)
+            .detach()
+            .float()
+            .reshape(1),
             stats.vector().float(),
         ]
     )
@@ -77,7 +81,7 @@ def step_row(
     """The metrics.jsonl row of a step from its (all-reduced) `step_sums`."""
     from pipeline.train.loss import BlockStats, summarize
 
-    ce, tv, bce, wsum, kl, samples, tokens = (float(x) for x in sums[:_SUMS])
+    ce, tv, bce, wsum, kl, samples, tokens, outside = (float(x) for x in sums[:_SUMS])
     wsum = max(wsum, 1e-8)
     ce_w, tv_w, bce_w, kl_w = loss_weights
     row = {
@@ -95,6 +99,8 @@ def step_row(
         "seconds": seconds,
         "tokens_per_s": tokens / max(seconds, 1e-9),
         "micro_batches": micro_batches,
+        # Slots whose token a reduced draft vocabulary lacks (CE masked; 0 for a full one).
+        "ce_outside": int(outside),
     }
     if peak_memory_gb is not None:
         row["peak_memory_gb"] = peak_memory_gb

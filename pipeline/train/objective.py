@@ -5,7 +5,8 @@ vocabulary-sized logits (`with_logits=False`), gathers the target's stored
 post-norm hidden state for each block slot, and computes the kind's loss
 chunk by chunk (`loss.chunked_draft_loss`) with the draft's own heads
 (`output_logits`: frozen lm_head, soft-cap, Markov bias) and the target's
-(`target_logits`). Every parameter is used inside this `forward`, so a
+(`teacher_logits`; with a reduced draft vocabulary both cover only its
+tokens, and each slot's token becomes its draft id, -1 outside it). Every parameter is used inside this `forward`, so a
 data-parallel wrapper around it sees the whole step (DDP's gradient hooks,
 FSDP's all-gathers and reshards) and nothing touches a weight outside it.
 """
@@ -51,8 +52,8 @@ class DraftObjective(nn.Module):
             markov=out.markov,
             teacher_hidden=batch.teacher_hidden(),
             logits_fn=model.output_logits,
-            teacher_fn=model.target_logits,
-            target_ids=batch.target_ids,
+            teacher_fn=model.teacher_logits,
+            target_ids=model.to_draft_ids(batch.target_ids),
             valid=batch.valid,
             weights=self.slot_weights.to(out.hidden.device),
             confidence_logit=out.confidence_logit,

@@ -19,6 +19,9 @@ checkpoint, and `train()` loops over named steps:
   vocabulary-sized tensor of the whole batch exists;
 * `distributed: ddp` or `fsdp` (pipeline/train/distributed.py), checkpoints
   in one format under both;
+* `draft.draft_vocab_size`: a reduced draft vocabulary, counted from the
+  training split at the start of a fresh run, taken from the checkpoint's spec
+  on resume (pipeline/train/vocab.py);
 * `precision: bf16` (default on GPU): autocast with fp32 master weights,
   the frozen target tables stored in bf16; gradient clipping;
 * checkpoints (pipeline/drafts/checkpoint.py) hold model, optimiser,
@@ -263,10 +266,23 @@ class Trainer:
             target_config=language_config(target_config),
             aux_layer_ids=config.draft.aux_layer_ids,
         )
+        draft_vocab = None
+        if config.draft.draft_vocab_size is not None:
+            from pipeline.train.vocab import run_draft_vocab
+
+            draft_vocab = run_draft_vocab(
+                size=config.draft.draft_vocab_size,
+                split=self.data,
+                vocab_size=language_config(target_config)["vocab_size"],
+                target_dir=target_dir,
+                out_dir=self.out_dir,
+                write=self.rank == 0,
+            )
         self.spec = config.draft.resolve(
             target_config,
             aux_layer_ids=self.data.provenance.aux_layer_ids,
             mask_token_id=_mask_token_id(config, target_dir),
+            draft_vocab=draft_vocab,
         )
         kind = draft_kind(self.spec.kind)
         embed, head = load_target_head(target_dir, dtype=None)

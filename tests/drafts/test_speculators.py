@@ -34,6 +34,7 @@ REBUILT = {
 }
 VERIFIER_ONLY = {"verifier_lm_head.weight", "verifier_norm.weight"}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+REDUCED = "every 5th token"  # replaced by the target's ids 0, 5, 10, ... in the test
 
 EXPORTS = {
     # name: (spec overrides, speculators format)
@@ -42,6 +43,13 @@ EXPORTS = {
     "dflash": (dict(kind="dflash", sample_from_anchor=False), "dflash"),
     "eagle3": (dict(kind="eagle3"), "eagle3"),
     "dspark with YaRN": (dict(kind="dspark", rope_scaling=YARN), "dspark"),
+    # A reduced draft vocabulary (every 5th token): d2t, t2d and the head's rows.
+    "dspark, reduced vocabulary": (dict(kind="dspark", draft_vocab=REDUCED), "dspark"),
+    "dflash, reduced vocabulary": (
+        dict(kind="dflash", sample_from_anchor=False, draft_vocab=REDUCED),
+        "dflash",
+    ),
+    "eagle3, reduced vocabulary": (dict(kind="eagle3", draft_vocab=REDUCED), "eagle3"),
 }
 
 
@@ -51,6 +59,9 @@ def test_speculators_loads_every_export(name, random_target_dir, tmp_path):
 
     overrides, model_type = EXPORTS[name]
     embed, head = load_target_head(random_target_dir)
+    if overrides.get("draft_vocab") == REDUCED:
+        overrides = {**overrides, "draft_vocab": tuple(range(0, embed.shape[0], 5))}
+    reduced = overrides.get("draft_vocab")
     target_config = json.loads((random_target_dir / "config.json").read_text())
     spec = tiny_spec(
         vocab_size=embed.shape[0],
@@ -83,9 +94,14 @@ def test_speculators_loads_every_export(name, random_target_dir, tmp_path):
     missing = set(theirs) - set(exported) - (REBUILT if model_type != "eagle3" else VERIFIER_ONLY)
     assert not unexpected and not missing, (unexpected, missing)
     for key, tensor in exported.items():
-        torch.testing.assert_close(theirs[key].float(), tensor, rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(theirs[key].to(tensor.dtype), tensor, rtol=0, atol=0, msg=key)
     torch.testing.assert_close(loaded.embed_tokens.weight.float(), embed, rtol=0, atol=0)
-    torch.testing.assert_close(loaded.lm_head.weight.float(), head, rtol=0, atol=0)
+    rows = head if reduced is None else head[list(reduced)]
+    torch.testing.assert_close(loaded.lm_head.weight.float(), rows, rtol=0, atol=0)
+    if reduced is not None:  # speculators' own maps: target = draft + d2t[draft], t2d's tokens
+        assert loaded.draft_vocab_size == len(reduced)
+        assert (torch.arange(len(reduced)) + loaded.d2t).tolist() == list(reduced)
+        assert torch.nonzero(loaded.t2d).flatten().tolist() == list(reduced)
     # The heads a fill-in DSpark draft exports without are exactly the ones dropped.
     if name == "dspark fill-in as dflash":
         assert {k for k in draft.state_dict() if k not in exported} == {
@@ -101,7 +117,7 @@ def test_speculators_loads_every_export(name, random_target_dir, tmp_path):
     if model_type == "dflash" and spec.kind == "dspark":  # its backbone, read as DFlash
         spec = dataclasses.replace(spec, kind="dflash", markov_rank=0, confidence_head=False)
     assert back == spec
-    assert set(tensors) == set(exported) - set(TARGET_TENSORS)
+    assert set(tensors) == set(exported) - set(TARGET_TENSORS) - {"d2t", "t2d"}
 
 
 def test_a_speculators_trained_dspark_drafts_the_same_through_our_import(

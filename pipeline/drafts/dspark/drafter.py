@@ -32,7 +32,7 @@ def drafting_slots(spec: DraftSpec) -> slice:
 
 def sample_slots(
     *,
-    base_logits: torch.Tensor,  # (N, n, V) backbone logits of the drafting slots
+    base_logits: torch.Tensor,  # (N, n, Vd) backbone logits of the drafting slots
     hidden: torch.Tensor,  # (N, n, d) final-norm hidden states of the drafting slots
     first_prev: torch.Tensor,  # (N,) int64 token before the first drafted slot (the anchor)
     model: DSparkDraft,
@@ -45,7 +45,9 @@ def sample_slots(
     `use_heads=False` drafts with the backbone alone (what vLLM's dflash method
     serves for a DSpark draft's backbone). At temperature 0 each slot takes the
     argmax; above it, slot k samples from softmax(logits / T) and its
-    distribution is returned for rejection sampling.
+    distribution is returned for rejection sampling. With a reduced draft
+    vocabulary each drafted id is mapped to its target id (d2t) before it is
+    returned or fed to the Markov head as the next `prev`.
     """
     import torch
 
@@ -68,9 +70,10 @@ def sample_slots(
         if temperature > 0:
             p = torch.softmax(logits / temperature, dim=-1)
             tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
-            probs.append(p)
+            probs.append(model.to_target_vocab(p))  # (N, V): 0 outside the draft vocabulary
         else:
             tok = logits.argmax(-1)
+        tok = model.to_target_ids(tok)  # a reduced draft vocabulary's ids -> target ids
         tokens.append(tok)
         prev = tok
     return DraftBlocks(
@@ -87,7 +90,7 @@ def run_blocks(
     features: torch.Tensor,  # (T, k*H) captured target layers (rows >= the anchor unused)
     anchors: torch.Tensor,  # (A,) int64 anchor positions
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backbone outputs of the drafting slots: (base_logits (A, n, V), hidden (A, n, d))."""
+    """Backbone outputs of the drafting slots: (base_logits (A, n, Vd), hidden (A, n, d))."""
     import torch
 
     from pipeline.drafts.common import DraftInputs

@@ -39,7 +39,7 @@ def _block_config(
         "transformer_layer_config": layer_config(spec, target_config),
         "aux_hidden_state_layer_ids": list(spec.aux_layer_ids),
         "target_hidden_size": spec.target_hidden_size,
-        "draft_vocab_size": spec.vocab_size,
+        "draft_vocab_size": spec.draft_vocab_size,
         "mask_token_id": spec.mask_token_id,
         "block_size": spec.block_size,
         "sample_from_anchor": spec.sample_from_anchor,

@@ -21,6 +21,10 @@ W1 normal(0, 0.01), W2 and the confidence head torch's default uniform init. Par
 (`fc`, `hidden_norm`, `layers.{i}.self_attn.q_proj`, `markov_head.markov_w1`,
 ...), so export is a plain state-dict copy.
 
+With a reduced draft vocabulary (spec.draft_vocab) the logits, the Markov
+output W2 and the argmax are over the draft vocabulary; W1 and the confidence
+head read the previous token as a target id, unchanged.
+
 The shared pieces (inputs, outputs, attention, MLP, the frozen target head)
 are in pipeline/drafts/common.py.
 """
@@ -66,12 +70,16 @@ class DecoderLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """Vanilla rank-r logit bias from the previous token: W2(W1[prev])."""
+    """Vanilla rank-r logit bias from the previous token: W2(W1[prev]).
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    W1 embeds the previous token, a target id (the anchor or a drafted token
+    mapped back); W2 biases the draft's logits, over the draft vocabulary
+    (vLLM's `DSparkMarkovHead`: `vocab_size` rows in, `draft_vocab_size` out)."""
+
+    def __init__(self, vocab_size: int, rank: int, draft_vocab_size: int | None = None) -> None:
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab_size, rank)  # (V, r)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)  # weight (V, r)
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size or vocab_size, bias=False)  # (Vd, r)
 
 
 class ConfidenceHead(nn.Module):
@@ -97,7 +105,9 @@ class DSparkDraft(TargetHeadDraft):
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(d, spec.rms_norm_eps)
         self.markov_head = (
-            MarkovHead(spec.vocab_size, spec.markov_rank) if spec.markov_rank else None
+            MarkovHead(spec.vocab_size, spec.markov_rank, spec.draft_vocab_size)
+            if spec.markov_rank
+            else None
         )
         self.confidence_head = None
         if spec.confidence_head:
@@ -114,7 +124,7 @@ class DSparkDraft(TargetHeadDraft):
                     nn.init.zeros_(module.bias)
 
     def output_logits(self, hidden: torch.Tensor, markov: torch.Tensor | None) -> torch.Tensor:
-        """(..., d), (..., r) -> (..., V): backbone logits plus the Markov bias W2(markov)."""
+        """(..., d), (..., r) -> (..., Vd): backbone logits plus the Markov bias W2(markov)."""
         logits = self.head_logits(hidden)
         if self.markov_head is None or markov is None:
             return logits

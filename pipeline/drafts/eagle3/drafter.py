@@ -92,7 +92,9 @@ class Eagle3Drafter(LiveProposals):
                 temperature=temperature,
                 generator=generator,
             )
-        probs = torch.softmax(logits[0].float() / temperature, -1) if temperature > 0 else None
+        probs = None
+        if temperature > 0:  # over the target vocabulary (0 outside a reduced draft vocabulary)
+            probs = self.model.to_target_vocab(torch.softmax(logits[0].float() / temperature, -1))
         return DraftBlocks(anchors=anchors, tokens=tokens[0], confidence_logit=None, probs=probs)
 
     def draft(

@@ -8,7 +8,8 @@ the 2H input), `layers.0.hidden_norm.weight`, `norm.weight`, and the target's
 `embed_tokens.weight` and `lm_head.weight` (speculators' Eagle3 reads both from
 the checkpoint and leaves them uninitialised otherwise; vLLM loads them as the
 draft's own, the same values it would share: the registry's
-`target_tensors`); no d2t/t2d (full vocabulary). No torch.
+`target_tensors`); d2t/t2d and a head of the draft vocabulary's rows only for
+a reduced vocabulary (pipeline/drafts/export.py writes them). No torch.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def eagle3_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dic
         "transformer_layer_config": layer_config(spec, target_config),
         "eagle_aux_hidden_state_layer_ids": list(spec.aux_layer_ids),
         "target_hidden_size": spec.target_hidden_size,
-        "draft_vocab_size": spec.vocab_size,
+        "draft_vocab_size": spec.draft_vocab_size,
         "norm_before_residual": False,
         "norm_before_fc": False,
         "speculators_config": method_config(

@@ -190,7 +190,8 @@ class Eagle3Draft(TargetHeadDraft):
         generator: torch.Generator | None = None,
         with_logits: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(normed (R,Nb,K,d), logits (R,Nb,K,V), tokens (R,Nb,K)) of the K-step loop.
+        """(normed (R,Nb,K,d), logits (R,Nb,K,Vd), tokens (R,Nb,K)) of the K-step loop
+        (Vd: the draft vocabulary; tokens are target ids).
 
         Teacher-forced by default. `free_running=True` is what vLLM serves:
         step 0 reads the anchor (`prev_ids[..., 0]`), step s >= 1 the token
@@ -231,13 +232,14 @@ class Eagle3Draft(TargetHeadDraft):
             normed.append(self.norm(hidden))
             if not (with_logits or free_running):
                 continue
-            logits.append(self.head_logits(normed[-1]))  # (R, Nb, V)
+            logits.append(self.head_logits(normed[-1]))  # (R, Nb, Vd)
             if free_running and temperature > 0:
                 p = torch.softmax(logits[-1].float() / temperature, dim=-1)
                 tokens = torch.multinomial(p.flatten(0, 1), 1, generator=generator)
                 tokens = tokens.view(p.shape[:2])
             else:
                 tokens = logits[-1].argmax(-1)
+            tokens = self.to_target_ids(tokens)  # a reduced vocabulary's ids -> target ids
             chosen.append(tokens)
         if not logits:
             return torch.stack(normed, 2), None, None

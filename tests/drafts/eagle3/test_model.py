@@ -278,3 +278,51 @@ def test_vllm_serves_eagle3_losslessly(eagle3_draft, plain_toy_decode, trained_t
     per_pos = spec.accepted_per_pos
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
     assert spec.tau > 1.5  # a trained draft is accepted (vs 1.0 for a broken layout)
+
+
+@pytest.mark.slow
+def test_vllm_serves_a_reduced_vocabulary_eagle3_losslessly(
+    eagle3_draft, plain_toy_decode, trained_target_dir, toy_shards, tmp_path
+):
+    """The trained draft exported with a reduced vocabulary (the answers' most frequent
+    tokens, d2t/t2d and the head's rows): vLLM's eagle3 loader reads the maps, its
+    output equals plain decoding, and drafts are still accepted."""
+    import dataclasses
+
+    from pipeline.drafts.checkpoint import load_checkpoint
+    from pipeline.drafts.common import load_target_head
+    from pipeline.drafts.export import TARGET_TENSORS, export_draft
+    from pipeline.drafts.vllm_check import decode
+    from pipeline.drafts.vocab import select_draft_vocab
+    from pipeline.train.config import TrainDataConfig
+    from pipeline.train.data import TrainingData
+    from pipeline.train.vocab import answer_token_counts, eos_token_ids
+
+    ckpt = load_checkpoint(eagle3_draft.checkpoint)
+    embed, head = load_target_head(trained_target_dir, dtype=None)
+    counts = answer_token_counts(TrainingData(TrainDataConfig(uri=str(toy_shards))), len(embed))
+    size = min(int((counts > 0).sum()) + 8, len(embed) // 2)  # a real cut of the 1600
+    vocab = select_draft_vocab(counts, size, always=eos_token_ids(trained_target_dir))
+    spec = dataclasses.replace(ckpt.spec, draft_vocab=vocab)
+    out = export_draft(
+        state=ckpt.model_state(),
+        spec=spec,
+        out=tmp_path / "reduced",
+        model_type="eagle3",
+        verifier=str(trained_target_dir),
+        target_config=json.loads((trained_target_dir / "config.json").read_text()),
+        target_tensors=dict(zip(TARGET_TENSORS, (embed, head), strict=True)),
+    )
+    prompts, plain = plain_toy_decode
+    spec_run = decode(
+        trained_target_dir,
+        prompts,
+        max_tokens=SERVE_MAX_TOKENS,
+        draft_dir=out,
+        method="eagle3",
+        num_speculative_tokens=7,
+    )
+    print(f"eagle3, draft vocabulary {size} of {len(embed)}: tau={spec_run.tau:.3f}")
+    assert spec_run.outputs == plain.outputs, "reduced eagle3: output differs from plain"
+    assert spec_run.num_drafts > 0
+    assert spec_run.tau > 1.5  # drafted ids reach the target as target ids (d2t applied)
