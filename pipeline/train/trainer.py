@@ -258,15 +258,20 @@ class Trainer:
         target_dir = Path(resolve_model(config.target))
         target_config = json.loads((target_dir / "config.json").read_text())
         self.data = TrainingData(config.data, pin_prefix=run_pin_prefix(config.out_dir))
+        language = language_config(target_config)
         self.data.check(
-            target=config.target,
-            target_config=language_config(target_config),
-            aux_layer_ids=config.draft.aux_layer_ids,
+            target=config.target, target_config=language, aux_layer_ids=config.draft.aux_layer_ids
         )
+        captured = self.data.provenance.aux_layer_ids
+        layers, source = config.draft.layers_to_read(captured, language["num_hidden_layers"])
+        self.data.read_layers(layers)  # every batch: these layers' columns of the frame
+        if self.rank == 0:
+            log.info(
+                "draft reads layers %s",
+                kv(aux_layer_ids=list(layers), captured=list(captured), source=source),
+            )
         self.spec = config.draft.resolve(
-            target_config,
-            aux_layer_ids=self.data.provenance.aux_layer_ids,
-            mask_token_id=_mask_token_id(config, target_dir),
+            target_config, aux_layer_ids=layers, mask_token_id=_mask_token_id(config, target_dir)
         )
         kind = draft_kind(self.spec.kind)
         embed, head = load_target_head(target_dir, dtype=None)
