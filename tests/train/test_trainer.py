@@ -222,14 +222,22 @@ def test_fsdp_trains_as_one_worker_and_checkpoints_cross_strategies(
 def test_a_draft_trains_on_a_subset_of_the_captured_layers(toy_shards, tmp_path):
     """Shards captured (1, 2, 3), draft.aux_layer_ids [1, 3]: the batches' features are
     the matching columns of the full frame's batch, the draft is sized for 2 layers, two
-    steps train, and the checkpoint and export name the subset."""
+    steps train, and the checkpoint and export name the subset; an id the shards lack
+    stops the run before step 0 in one line."""
     import dataclasses
     import json
 
     from pipeline.drafts.checkpoint import load_checkpoint
+    from pipeline.shards.split import DataMismatchError
     from pipeline.train.data import TrainingData, iter_batches
     from pipeline.train.trainer import Trainer
 
+    missing = _config(toy_shards, tmp_path / "missing", draft=dict(aux_layer_ids=[2, 5]))
+    with pytest.raises(
+        DataMismatchError, match=r"\[5\] not captured .*captured \[1, 2, 3\]"
+    ) as err:
+        Trainer(missing)
+    assert "\n" not in str(err.value) and str(toy_shards) in str(err.value)
     cfg = _config(
         toy_shards,
         tmp_path / "sub",
