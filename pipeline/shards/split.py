@@ -80,8 +80,12 @@ def select_layers(
         raise DataMismatchError(f"sample {sample.sample_id!r}: {problem}")
     t, width = sample.hidden_states.shape
     k = len(captured)
+    if width % k:
+        raise DataMismatchError(
+            f"sample {sample.sample_id!r}: hidden_states has {width} columns, not {k} layers' worth"
+        )
     pos = [captured.index(i) for i in layers]
-    frame = sample.hidden_states.view(t, k, width // k)[:, pos].reshape(t, -1)  # (T, len*H)
+    frame = sample.hidden_states.reshape(t, k, width // k)[:, pos].reshape(t, -1)  # (T, len*H)
     return dataclasses.replace(sample, hidden_states=frame)
 
 
