@@ -252,6 +252,7 @@ def main() -> None:
     saved_per_step = (ms["v1"] - ms["v2_subset"]) * args.batch / 1000
     figures = {
         "real_subset_dataset": args.uri,
+        "real_subset_version": manifest.version,
         "real_subset_target": prov.target_name,
         "real_subset_captured": list(captured),
         "real_subset_layers": layers,
@@ -276,7 +277,8 @@ def main() -> None:
     lines = [
         "## Reading a subset of the captured layers (bench/layer_subset.py, keys real_subset_*)",
         "",
-        f"{prov.target_name}, dataset captured {list(captured)} (hidden {prov.hidden_size}, "
+        f"{prov.target_name}, dataset version {manifest.version} captured {list(captured)} "
+        f"(hidden {prov.hidden_size}, "
         f"codec {prov.codec}); a draft reading {layers}. {samples} samples "
         f"({figures['real_subset_tokens_per_sample']} tokens each), median of {args.rounds} "
         f"rounds, page cache warm, {figures['real_subset_host']}.",
