@@ -74,6 +74,10 @@ class DraftKind:
     # The kind whose format a draft of the fill-in layout exports as instead (dspark:
     # its backbone as dflash; vLLM's DSpark speculator serves only the anchor layout).
     fill_in_format: str | None = None
+    # The aux ids a draft of this kind reads when `draft.aux_layer_ids` is unset, from
+    # the target's layer count (used only if the dataset captured them all; None, or
+    # not captured: every captured layer).
+    default_layers: Callable[[int], tuple[int, ...]] | None = None
     # DraftConfig defaults of this kind, and the fields it fixes: field -> (value, why).
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
@@ -123,6 +127,12 @@ def _ttt_weights(spec: DraftSpec, *, gamma: float, ttt_step_decay: float) -> tor
     from pipeline.drafts.eagle3.model import ttt_step_weights
 
     return ttt_step_weights(num_steps=spec.block_size, decay=ttt_step_decay)
+
+
+def _eagle3_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layer: vLLM's default for an eagle3 draft without
+    `eagle_aux_hidden_state_layer_ids` (2, L // 2, L - 3); 30 layers -> (2, 15, 27)."""
+    return (2, num_layers // 2, num_layers - 3)
 
 
 def _block_drafter(name: str, model: nn.Module, use_heads: bool) -> Drafter:
@@ -184,6 +194,7 @@ KINDS: dict[str, DraftKind] = {
             loss=LossWeights(ce=0.0, l1=0.0, bce=0.0, kl=1.0),
             sample_from_anchor=True,
             mask_token=False,
+            default_layers=_eagle3_layers,
             config_defaults={"num_layers": 1, "block_size": 7},
             fixed={
                 "num_layers": (

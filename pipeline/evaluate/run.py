@@ -5,7 +5,8 @@
 2. opens the held-out split of the dataset, checking that no evaluated
    sample was trained on (the eval held-out fraction may not exceed any
    draft's training fraction: the split is a hash threshold on the sample id)
-   and that the data was captured from this target with the drafts' layers;
+   and that the data was captured from this target with the drafts' layers
+   (each draft reads its own subset of them: `select_layers`);
 3. T=0: the exact offline walk per draft (tau per domain, macro, per position);
 4. confidence head: calibration fitted on one half of the held-out samples,
    reported on the other, stored beside the export; truncation sweep;
@@ -169,12 +170,23 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
         "version": data.manifest.version,
         "heldout_fraction": frac,
         "num_samples": len(samples),
+        # The layers the dataset captured: the samples' hidden_states columns, in order.
+        "aux_layer_ids": list(prov.aux_layer_ids),
         "domains": sorted({s.domain for s in samples}),
         # What the offline T=0 tau measures on this data (and why, if not acceptance).
         "t0_measure": "teacher-forced agreement" if inexact else "acceptance",
         "t0_inexact": inexact,
     }
     return samples, info
+
+
+def draft_samples(samples: list, data_info: dict, spec) -> list:
+    """Held-out samples as a draft of `spec` reads them: hidden_states cut to its layers
+    (the same columns training gave it, shards/split.py `select_layers`)."""
+    from pipeline.shards.split import select_layers
+
+    captured = data_info["aux_layer_ids"]
+    return [select_layers(s, captured, spec.aux_layer_ids) for s in samples]
 
 
 def _prompts(samples, num: int) -> list:
@@ -244,11 +256,16 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
         if entry.name not in loaded:
             drafts[entry.name] = {"available": False, "note": entry.note or "no checkpoint given"}
             continue
-        drafter = drafters[entry.name] = make_drafter(
-            entry.name, loaded[entry.name], use_heads=entry.use_heads
-        )
+        draft = loaded[entry.name]
+        drafter = drafters[entry.name] = make_drafter(entry.name, draft, use_heads=entry.use_heads)
         drafts[entry.name] = evaluate_draft(
-            config, entry, loaded[entry.name], drafter, fit_samples, eval_samples, verifier
+            config,
+            entry,
+            draft,
+            drafter,
+            draft_samples(fit_samples, data_info, draft.spec),
+            draft_samples(eval_samples, data_info, draft.spec),
+            None if verifier is None else verifier.reading(draft.spec.aux_layer_ids),
         )
     if config.live is not None and drafters:
         from pipeline.evaluate.sampling import live_report
@@ -258,7 +275,7 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
             drafts[name]["live"] = {
                 str(temp): live_report(
                     drafter=drafter,
-                    verifier=verifier,
+                    verifier=verifier.reading(loaded[name].spec.aux_layer_ids),
                     samples=prompts,
                     temperature=temp,
                     max_new_tokens=config.live.max_new_tokens,
@@ -376,6 +393,7 @@ def evaluate_draft(
         "kind": draft.spec.kind,
         "use_heads": entry.use_heads,
         "block_size": draft.spec.block_size,
+        "aux_layer_ids": list(draft.spec.aux_layer_ids),  # the layers it reads
         "sample_from_anchor": draft.spec.sample_from_anchor,
         "offline_t0": summarize_rounds(
             rounds=walk_tables(tables, num_draft_tokens=n),

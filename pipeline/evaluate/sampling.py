@@ -21,6 +21,7 @@ prompts and reports tau per domain, in the offline walk's report format.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -89,6 +90,13 @@ class HFVerifier:
         )
         self.aux_layer_ids = tuple(aux_layer_ids)
         self.eos_ids = self.target.eos_ids
+
+    def reading(self, aux_layer_ids: Sequence[int]) -> HFVerifier:
+        """This verifier (the same loaded target) handing out the features of
+        `aux_layer_ids`: each draft gets the layers it was trained on."""
+        view = copy.copy(self)
+        view.aux_layer_ids = tuple(aux_layer_ids)
+        return view
 
     def forward(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (T, V) fp32, features (T, k*H)) for the token sequence `ids`."""

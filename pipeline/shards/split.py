@@ -6,6 +6,11 @@ What both readers of a dataset for drafts need, training and evaluation:
   final hidden state after the norm, target name, hidden size, aux layer ids)
   against the target and the draft; a mismatch is a `DataMismatchError`
   naming the dataset and field.
+* **Layers**: a draft may read any subset of the captured layers
+  (`read_layers`). A sample's `hidden_states` frame is (T, k*H), the captured
+  layers side by side in the provenance's order; decoding cuts it to the
+  draft's layers here (`select_layers`), the one place training batches and
+  the evaluation's held-out rows get their columns from.
 * **Held-out split** by a hash of the sample id (`is_heldout`): stable across
   runs and machines, so evaluation reads exactly the rows training never saw.
 * **Row index**: only the small columns (sample id, domain) are read to list a
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.shards.manifest import Dataset, Manifest, ShardEntry
@@ -48,6 +54,41 @@ def is_heldout(sample_id: str, fraction: float) -> bool:
     return h / 2**64 < fraction
 
 
+def missing_layers(layers: Sequence[int], captured: Sequence[int]) -> str | None:
+    """Why a draft cannot read `layers` from a dataset that captured `captured` (None: it can)."""
+    missing = [i for i in layers if i not in captured]
+    if not missing:
+        return None
+    return (
+        f"draft.aux_layer_ids {list(layers)}: {missing} not captured "
+        f"(the dataset captured {list(captured)}; a draft reads a subset of them)"
+    )
+
+
+def select_layers(
+    sample: TrainingSample, captured: Sequence[int], layers: Sequence[int]
+) -> TrainingSample:
+    """`sample` whose hidden_states hold only `layers`' columns, in that order.
+
+    The stored frame is (T, k*H): captured layer i (of `captured`, the
+    provenance's order) in columns [i*H, (i+1)*H). The same sample comes back
+    when `layers` is `captured` (no copy)."""
+    captured, layers = tuple(captured), tuple(layers)
+    if layers == captured:
+        return sample
+    if problem := missing_layers(layers, captured):
+        raise DataMismatchError(f"sample {sample.sample_id!r}: {problem}")
+    t, width = sample.hidden_states.shape
+    k = len(captured)
+    if width % k:
+        raise DataMismatchError(
+            f"sample {sample.sample_id!r}: hidden_states has {width} columns, not {k} layers' worth"
+        )
+    pos = [captured.index(i) for i in layers]
+    frame = sample.hidden_states.reshape(t, k, width // k)[:, pos].reshape(t, -1)  # (T, len*H)
+    return dataclasses.replace(sample, hidden_states=frame)
+
+
 def truncate(sample: TrainingSample, max_len: int | None) -> TrainingSample:
     """The first `max_len` tokens of `sample` (itself when it is not longer)."""
     t = len(sample.input_ids)
@@ -70,7 +111,8 @@ class DatasetSplit:
 
     `domains` keeps only those domains (empty: all); `heldout_fraction` is the
     share of sample ids held out; `max_seq_len` cuts longer samples (None: no
-    limit); `allow_empty` accepts a version without shards (a following run)."""
+    limit); `allow_empty` accepts a version without shards (a following run).
+    Decoding gives every captured layer until `read_layers` names a subset."""
 
     def __init__(
         self,
@@ -86,6 +128,7 @@ class DatasetSplit:
         self.domains = tuple(domains)
         self.heldout_fraction = heldout_fraction
         self.max_seq_len = max_seq_len
+        self.layers: tuple[int, ...] | None = None  # aux ids decode keeps (None: all captured)
         self.dataset = Dataset.open(uri, endpoint_url=endpoint_url)
         self.use_version(version)
         if not self.manifest.shards and not allow_empty:
@@ -138,12 +181,22 @@ class DatasetSplit:
             problems.append(
                 f"aux_layer_ids {list(prov.aux_layer_ids)} exceed the target's {num_layers} layers"
             )
-        if aux_layer_ids is not None and list(aux_layer_ids) != list(prov.aux_layer_ids):
-            problems.append(
-                f"aux_layer_ids {list(prov.aux_layer_ids)} != draft.aux_layer_ids {list(aux_layer_ids)}"
-            )
+        if aux_layer_ids is not None and (
+            problem := missing_layers(aux_layer_ids, prov.aux_layer_ids)
+        ):
+            problems.append(problem)
         if problems:
             raise DataMismatchError(f"{self.where}: " + "; ".join(problems))
+
+    def read_layers(self, layers: Sequence[int] | None) -> None:
+        """Decode only `layers` (aux ids, any subset of the captured ones, in the draft's
+        order) from now on; None: every captured layer. DataMismatchError, one line,
+        naming the dataset, the missing ids and the captured ones otherwise."""
+        if layers is not None and (
+            problem := missing_layers(layers, self.provenance.aux_layer_ids)
+        ):
+            raise DataMismatchError(f"{self.where}: {problem}")
+        self.layers = None if layers is None else tuple(int(i) for i in layers)
 
     # ------------------------------------------------------------------ the row index
 
@@ -195,7 +248,9 @@ class DatasetSplit:
 
     def decode(self, refs: list[RowRef]) -> list[TrainingSample]:
         """Decode exactly these rows (consecutive refs of one row group share one read),
-        each truncated to `max_seq_len` tokens."""
+        each truncated to `max_seq_len` tokens, its hidden_states cut to `layers`."""
+        captured = self.provenance.aux_layer_ids
+        layers = captured if self.layers is None else self.layers
         out = []
         i = 0
         while i < len(refs):
@@ -206,7 +261,7 @@ class DatasetSplit:
             table = self._row_group(*key)
             entry = self.entries[key[0]]
             out.extend(
-                truncate(s, self.max_seq_len)
+                select_layers(truncate(s, self.max_seq_len), captured, layers)
                 for s in decode_rows(
                     table.take([r.row for r in refs[i:j]]), self.dataset.shard_url(entry)
                 )

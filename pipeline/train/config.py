@@ -50,7 +50,9 @@ class DraftConfig(ConfigModel):
     num_kv_heads: int | None = Field(None, gt=0)
     head_dim: int | None = Field(None, gt=0)
     intermediate_size: int | None = Field(None, gt=0)
-    # Captured aux layer ids the draft reads; None takes them from the dataset.
+    # Captured aux layer ids the draft reads, ascending: any subset of the dataset's
+    # (docs/train.md, Capture once, train any). None: the kind's default when the
+    # dataset captured it (eagle3: 2, L//2, L-3), else every captured layer.
     aux_layer_ids: list[int] | None = None
     # Token fed to mask slots (its target embedding row); None: the tokenizer's mask token,
     # else the first unused embedding row, pad, EOS or unk (docs/train.md, Mask token).
@@ -73,6 +75,31 @@ class DraftConfig(ConfigModel):
         if isinstance(data, dict) and (kind := KINDS.get(data.get("kind", "dspark"))):
             data = {**kind.config_defaults, **data}
         return data
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _ascending(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and (not ids or min(ids) < 0 or ids != sorted(set(ids))):
+            raise ValueError(
+                f"aux_layer_ids {ids} must be distinct non-negative ids in ascending order "
+                f"(e.g. {sorted(set(i for i in ids if i >= 0)) or [2]})"
+            )
+        return ids
+
+    def layers_to_read(
+        self, captured: Sequence[int], num_layers: int
+    ) -> tuple[tuple[int, ...], str]:
+        """(aux ids the draft reads, where they come from) for a dataset that captured
+        `captured` from a target of `num_layers` layers. Whether the dataset holds ids the
+        config names is DatasetSplit's check, not this one."""
+        if self.aux_layer_ids is not None:
+            return tuple(self.aux_layer_ids), "draft.aux_layer_ids"
+        default = draft_kind(self.kind).default_layers
+        if default is not None:
+            ids = default(num_layers)
+            if list(ids) == sorted(set(ids)) and set(ids) <= set(captured):
+                return ids, f"the {self.kind} default"
+        return tuple(captured), "every captured layer"
 
     @field_validator("kind")
     @classmethod

@@ -261,11 +261,18 @@ class Trainer:
         target_dir = Path(resolve_model(config.target))
         target_config = json.loads((target_dir / "config.json").read_text())
         self.data = TrainingData(config.data, pin_prefix=run_pin_prefix(config.out_dir))
+        language = language_config(target_config)
         self.data.check(
-            target=config.target,
-            target_config=language_config(target_config),
-            aux_layer_ids=config.draft.aux_layer_ids,
+            target=config.target, target_config=language, aux_layer_ids=config.draft.aux_layer_ids
         )
+        captured = self.data.provenance.aux_layer_ids
+        layers, source = config.draft.layers_to_read(captured, language["num_hidden_layers"])
+        self.data.read_layers(layers)  # every batch: these layers' columns of the frame
+        if self.rank == 0:
+            log.info(
+                "draft reads layers %s",
+                kv(aux_layer_ids=list(layers), captured=list(captured), source=source),
+            )
         draft_vocab = None
         if config.draft.draft_vocab_size is not None:
             from pipeline.train.vocab import run_draft_vocab
@@ -273,14 +280,14 @@ class Trainer:
             draft_vocab = run_draft_vocab(
                 size=config.draft.draft_vocab_size,
                 split=self.data,
-                vocab_size=language_config(target_config)["vocab_size"],
+                vocab_size=language["vocab_size"],
                 target_dir=target_dir,
                 out_dir=self.out_dir,
                 write=self.rank == 0,
             )
         self.spec = config.draft.resolve(
             target_config,
-            aux_layer_ids=self.data.provenance.aux_layer_ids,
+            aux_layer_ids=layers,
             mask_token_id=_mask_token_id(config, target_dir),
             draft_vocab=draft_vocab,
         )

@@ -62,6 +62,23 @@ def test_kind_defaults_and_fixed_fields_reach_the_config():
         parse_train_config({**BASE, "loss": {"l1_weight": 0.9, "tv_weight": 0.9}})
 
 
+def test_eagle3_reads_its_low_middle_high_layers_when_the_dataset_captured_them():
+    """The kind default (vLLM's 2, L//2, L-3) where captured; else every captured layer;
+    an explicit subset always wins; ids must ascend."""
+    union = (2, 9, 15, 21, 27, 28)  # DFlash's 30-layer spacing plus EAGLE-3's
+    assert _draft(kind="eagle3").layers_to_read(union, 30) == ((2, 15, 27), "the eagle3 default")
+    dflash_only = (2, 9, 15, 21, 28)
+    assert _draft(kind="eagle3").layers_to_read(dflash_only, 30)[0] == dflash_only
+    assert _draft(kind="eagle3").layers_to_read((1, 2, 3), 4)[0] == (1, 2, 3)  # (2, 2, 1): none
+    assert _draft(kind="dflash").layers_to_read(union, 30)[0] == union
+    assert _draft(kind="dspark", aux_layer_ids=[2, 9, 15, 21, 28]).layers_to_read(union, 30) == (
+        dflash_only,
+        "draft.aux_layer_ids",
+    )
+    with pytest.raises(ConfigError, match=r"draft.aux_layer_ids: .*ascending order"):
+        _draft(aux_layer_ids=[15, 2])
+
+
 def test_resolved_specs_carry_heads_only_for_dspark():
     target = dict(
         vocab_size=50, hidden_size=32, num_attention_heads=4, intermediate_size=48, head_dim=8

@@ -18,7 +18,13 @@ from pipeline.drafts.load import load_draft, make_drafter
 from pipeline.evaluate.calibration import Calibration
 from pipeline.evaluate.config import parse_eval_config
 from pipeline.evaluate.offline import anchor_table, walk
-from pipeline.evaluate.run import EvalResult, demo_report, load_heldout, run_evaluation
+from pipeline.evaluate.run import (
+    EvalResult,
+    demo_report,
+    draft_samples,
+    load_heldout,
+    run_evaluation,
+)
 from pipeline.evaluate.sampling import HFVerifier, live_decode
 
 pytestmark = pytest.mark.slow
@@ -289,3 +295,58 @@ def test_lossy_or_sampled_data_is_refused_or_reported_as_teacher_forced(tmp_path
     assert "teacher-forced agreement, not acceptance" in markdown(report, {})
     result = EvalResult(tmp_path, report, tmp_path / "r.json", tmp_path / "r.md", {})
     assert result.lines()[0].startswith("T=0 tau below is teacher-forced agreement")
+
+
+def test_drafts_on_different_layer_subsets_evaluate_on_their_own_columns(
+    eval_shards, trained_target_dir, tmp_path
+):
+    """Two drafts of one dataset (captured 1, 2, 3), reading (1, 3) and (2,): each one's
+    offline walk is the walk over the held-out rows as the training reader decodes them for
+    its layers (DatasetSplit.read_layers), and the live loop hands each its own features."""
+    from draft_specs import train_small_draft
+
+    from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
+    from pipeline.evaluate.run import MAX_SEQ_LEN
+    from pipeline.shards.split import DatasetSplit
+
+    subsets = {"DFlash 1,3": [1, 3], "EAGLE-3 2": [2]}
+    kinds = {"DFlash 1,3": "dflash", "EAGLE-3 2": "eagle3"}
+    for name, layers in subsets.items():
+        draft = dict(kind=kinds[name], num_layers=1, block_size=4, aux_layer_ids=layers)
+        train_small_draft(eval_shards, tmp_path / name, draft, num_steps=4, heldout_fraction=0.25)
+    config = parse_eval_config(
+        dict(
+            target="toy:trained",
+            data=dict(uri=str(eval_shards)),
+            out_dir=str(tmp_path / "eval"),
+            drafts=[dict(name=name, path=str(tmp_path / name)) for name in subsets],
+            live=dict(temperatures=[1.0], num_prompts=1, max_new_tokens=12),
+        )
+    )
+    report = run_evaluation(config).report
+    assert report["data"]["aux_layer_ids"] == [1, 2, 3]
+    for name, layers in subsets.items():
+        row = report["drafts"][name]
+        assert row["aux_layer_ids"] == layers
+        assert row["live"]["1.0"]["num_rounds"] > 0
+        split = DatasetSplit(str(eval_shards), heldout_fraction=0.25, max_seq_len=MAX_SEQ_LEN)
+        split.read_layers(layers)
+        samples = split.decode(split.heldout_rows)
+        assert samples[0].hidden_states.shape[1] == len(layers) * split.provenance.hidden_size
+        drafter = make_drafter(name, load_draft(tmp_path / name, target_dir=trained_target_dir))
+        tables = build_tables(samples, drafter)
+        want = summarize_rounds(
+            rounds=walk_tables(tables, num_draft_tokens=drafter.num_draft_tokens),
+            num_samples=len(tables),
+        )
+        assert row["offline_t0"]["tau"] == pytest.approx(want.tau, abs=1e-4)  # 4 decimals
+        assert row["offline_t0"]["num_rounds"] == want.num_rounds
+        # What the evaluation walks: the held-out rows cut to the draft's columns.
+        draft = load_draft(tmp_path / name, target_dir=trained_target_dir)
+        held, info = load_heldout(
+            config, {name: draft.train_config}, {name: draft.spec}, trained_target_dir
+        )
+        cut = {s.sample_id: s for s in draft_samples(held, info, draft.spec)}
+        assert len(cut) == len(samples)
+        for s in samples:
+            assert torch.equal(cut[s.sample_id].hidden_states, s.hidden_states)

@@ -217,3 +217,50 @@ def test_fsdp_trains_as_one_worker_and_checkpoints_cross_strategies(
         assert got["optimizer"]["param_groups"][0]["params"] == list(range(len(ref["model"])))
     assert under_fsdp.heldout["samples"] == one.heldout["samples"] > 0
     assert under_fsdp.heldout["tau_tv"] == pytest.approx(one.heldout["tau_tv"], rel=1e-4)
+
+
+def test_a_draft_trains_on_a_subset_of_the_captured_layers(toy_shards, tmp_path):
+    """Shards captured (1, 2, 3), draft.aux_layer_ids [1, 3]: the batches' features are
+    the matching columns of the full frame's batch, the draft is sized for 2 layers, two
+    steps train, and the checkpoint and export name the subset; an id the shards lack
+    stops the run before step 0 in one line."""
+    import dataclasses
+    import json
+
+    from pipeline.drafts.checkpoint import load_checkpoint
+    from pipeline.shards.split import DataMismatchError
+    from pipeline.train.data import TrainingData, iter_batches
+    from pipeline.train.trainer import Trainer
+
+    missing = _config(toy_shards, tmp_path / "missing", draft=dict(aux_layer_ids=[2, 5]))
+    with pytest.raises(
+        DataMismatchError, match=r"\[5\] not captured .*captured \[1, 2, 3\]"
+    ) as err:
+        Trainer(missing)
+    assert "\n" not in str(err.value) and str(toy_shards) in str(err.value)
+    cfg = _config(
+        toy_shards,
+        tmp_path / "sub",
+        num_steps=2,
+        checkpoint_every=2,
+        draft=dict(aux_layer_ids=[1, 3]),
+    )
+    trainer = Trainer(cfg)
+    spec = trainer.spec
+    h = spec.target_hidden_size
+    assert trainer.data.provenance.aux_layer_ids == (1, 2, 3) and spec.aux_layer_ids == (1, 3)
+    assert trainer.model.fc.in_features == 2 * h
+    (batch,), _ = next(iter_batches(trainer.data, spec, seed=0, global_batch_size=4))
+    full_spec = dataclasses.replace(spec, aux_layer_ids=(1, 2, 3))
+    (whole,), _ = next(iter_batches(TrainingData(cfg.data), full_spec, seed=0, global_batch_size=4))
+    ctx = whole.inputs.ctx_features  # (R, Tc, 3H)
+    assert ctx.shape[-1] == 3 * h and bool(ctx.abs().sum() > 0)
+    want = torch.cat([ctx[..., :h], ctx[..., 2 * h :]], dim=-1)
+    assert torch.equal(batch.inputs.ctx_features, want)
+    assert torch.equal(batch.target_ids, whole.target_ids)
+
+    result = train(cfg)
+    assert result.steps == 2 and math.isfinite(result.metrics[-1]["loss"])
+    assert load_checkpoint(result.checkpoint).spec.aux_layer_ids == (1, 3)
+    exported = json.loads((result.export_dir / "config.json").read_text())
+    assert exported["aux_hidden_state_layer_ids"] == [1, 3]
