@@ -23,7 +23,8 @@ def _yaml(name):
 def test_the_capture_is_the_union_of_the_layers_the_drafts_read():
     captured = _yaml(REAL_CONFIG.name)["target"]["aux_layer_ids"]
     read = {
-        name: _yaml(config)["draft"]["aux_layer_ids"] for name, (config, _, _) in REAL_DRAFTS.items()
+        name: _yaml(config)["draft"]["aux_layer_ids"]
+        for name, (config, _, _) in REAL_DRAFTS.items()
     }
     # DSpark and DFlash: the DFlash spacing for 30 layers; EAGLE-3: vLLM's (2, L//2, L-3).
     assert read["DSpark"] == read["DFlash"] == list(default_aux_layer_ids(30))
