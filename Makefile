@@ -30,7 +30,7 @@ setup-real: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pipeline demo
 
-# The real target end to end (about 40 minutes on 2 cores): regenerate, three drafts, their table.
+# The real target end to end: regenerate, three drafts trained on one budget, their table.
 demo-real: setup-real
 	$(PY) -m pipeline demo --real
 

@@ -596,7 +596,7 @@ def demo(out: Path | None, num_conversations: int | None, real: bool, steps: int
     \b
     Examples:
       dspark-targets demo --out runs/demo
-      dspark-targets demo --real          # runs/real: the real target, about 40 minutes
+      dspark-targets demo --real          # runs/real: the real target (SmolLM2-135M-Instruct)
     """
     if real:
         from pipeline.demo.real import REAL_DEMO_STEPS, run_real_demo
