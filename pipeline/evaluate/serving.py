@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.evaluate.server import SERVED_NAME, Engine, VllmServer
 from pipeline.logs import kv
+from pipeline.targets.resolve import eos_token_ids
 
 if TYPE_CHECKING:
     from pipeline.evaluate.config import ServingConfig
@@ -256,16 +257,6 @@ def matched_interactivity(baseline: list[dict], drafted: list[dict]) -> list[dic
     return sorted(rows, key=lambda r: -r["per_user_tok_s"])
 
 
-def _eos_ids(target_dir: str) -> tuple[int, ...]:
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(target_dir) / name
-        if path.exists():
-            eos = json.loads(path.read_text()).get("eos_token_id")
-            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    return tuple(sorted(ids))
-
-
 # ------------------------------------------------------------------------- the run
 
 
@@ -344,7 +335,7 @@ def run_serving(
                     drafted=outputs,
                     logits=logits,
                     tolerance=idc.near_tie_tolerance,
-                    eos_token_ids=_eos_ids(target_dir),
+                    eos_token_ids=eos_token_ids(target_dir),
                 )
                 entry["identity"] = report.to_dict()
                 if not report.ok:

@@ -13,6 +13,7 @@ wing is imported here and only lazily, so production paths never load it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,3 +108,14 @@ def target_shape(
     """Read the target's depth and width from its config and check the given aux ids."""
     text = text_config(model_dir, revision)
     return shape_of(text.num_hidden_layers, text.hidden_size, aux_layer_ids, model_dir)
+
+
+def eos_token_ids(target_dir: str | Path) -> tuple[int, ...]:
+    """The target's end-of-sequence ids (config.json and generation_config.json)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(target_dir) / name
+        if path.exists():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return tuple(sorted(int(i) for i in ids))

@@ -25,6 +25,7 @@ from pipeline.drafts.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.drafts.vocab import coverage, select_draft_vocab
 from pipeline.logs import kv
 from pipeline.storage import write_text_atomic
+from pipeline.targets.resolve import eos_token_ids
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,17 +67,6 @@ def answer_token_counts(
             ids, mask = np.asarray(ids[:limit]), np.asarray(mask[:limit], dtype=bool)
             counts += np.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
     return counts
-
-
-def eos_token_ids(target_dir: str | Path) -> tuple[int, ...]:
-    """The target's end-of-sequence ids (config.json and generation_config.json)."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(target_dir) / name
-        if path.exists():
-            eos = json.loads(path.read_text()).get("eos_token_id")
-            ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    return tuple(sorted(int(i) for i in ids))
 
 
 def run_draft_vocab(
