@@ -1,7 +1,7 @@
 """Reduced draft vocabulary on the real target: training tokens/s with and without it.
 
     flock /tmp/dspark-heavy.lock .venv/bin/python bench/draft_vocab.py \\
-        --data /work/data/real/dataset [--steps 15] [--warmup 3] [--sizes 8192,16384]
+        --data runs/real/dataset [--steps 15] [--warmup 3] [--sizes 8192,16384]
 
 For each draft kind (1-layer DSpark and DFlash) and each draft vocabulary
 (the full 49,152 tokens of SmolLM2-135M-Instruct, then `--sizes`), trains
@@ -108,7 +108,7 @@ def heldout_coverage(data: str, size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--data", default="/work/data/real/dataset")
+    parser.add_argument("--data", default="runs/real/dataset")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sizes", default="8192")

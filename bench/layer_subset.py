@@ -1,7 +1,7 @@
 """What reading a subset of the captured layers costs: one frame per sample (schema v1)
 against a column per layer (what a schema v2 would store), beside a training step.
 
-    .venv/bin/python bench/layer_subset.py [--uri /work/data/real/dataset] [--layers 2,15,27]
+    .venv/bin/python bench/layer_subset.py [--uri runs/real/dataset] [--layers 2,15,27]
         [--num-samples 160] [--rounds 3] [--step-s 3.7 | --measure-steps 4]
 
 Schema v1 stores a sample's captured layers as one (T, k*H) frame: a draft
@@ -172,7 +172,7 @@ def _target_of(uri: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uri", default="/work/data/real/dataset")
+    parser.add_argument("--uri", default="runs/real/dataset")
     parser.add_argument("--layers", default="2,15,27", help="the subset a draft reads")
     parser.add_argument("--num-samples", type=int, default=160, help="about; whole shards")
     parser.add_argument("--rounds", type=int, default=3)
