@@ -89,7 +89,7 @@ def run_demo(
     )
     verdict = comparison_line(evaluation.report, steps=DEMO_STEPS)
     if verdict:
-        console.print(verdict, markup=False, highlight=False)
+        console.print(verdict, markup=False, highlight=False, soft_wrap=True)
     log.info("demo done %s", kv(total_s=round(time.monotonic() - started, 1)))
     return {
         "summary": summary,
