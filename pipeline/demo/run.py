@@ -10,7 +10,9 @@
    same budget), exports both and serves the DSpark draft's backbone with
    vLLM (output identical to plain decoding, acceptance counters);
 6. measures both drafts' acceptance length per domain offline and prints the
-   table (only drafts it trained, and an untrained floor) and the plot paths.
+   table (only drafts it trained, and an untrained floor), the plot paths and
+   one line on what the table supports about DSpark against DFlash at the
+   demo's budget (pipeline/demo/verdict.py).
 
 Every step is resumable: a second `make demo` reuses the target and finds the
 dataset's units committed.
@@ -79,13 +81,23 @@ def run_demo(
     log.info("trained %s", kv(steps_each=DEMO_STEPS, drafts=",".join(trained)))
 
     console.rule("[bold]6. acceptance length on the held-out split (offline, T=0)")
+    from pipeline.demo.verdict import comparison_line
     from pipeline.evaluate import demo_report
 
     evaluation = demo_report(
         out_dir / "eval", dspark=out_dir / "train", dflash=out_dir / "train-dflash"
     )
+    verdict = comparison_line(evaluation.report, steps=DEMO_STEPS)
+    if verdict:
+        console.print(verdict, markup=False, highlight=False, soft_wrap=True)
     log.info("demo done %s", kv(total_s=round(time.monotonic() - started, 1)))
-    return {"summary": summary, "dataset": config.output.uri, "train": trained, "eval": evaluation}
+    return {
+        "summary": summary,
+        "dataset": config.output.uri,
+        "train": trained,
+        "eval": evaluation,
+        "verdict": verdict,
+    }
 
 
 def answers_table(

@@ -35,8 +35,16 @@ KINDS = {  # kind -> (config, run directory under out_dir, extra overrides)
 }
 
 
-def demo_train_config(out_dir: str | Path, shards: str, *, kind: str, num_steps: int = DEMO_STEPS):
-    """The TrainConfig of the demo's `kind` draft on `shards` (run dir under `out_dir`)."""
+def demo_train_config(
+    out_dir: str | Path,
+    shards: str,
+    *,
+    kind: str,
+    num_steps: int = DEMO_STEPS,
+    overrides: dict[str, Any] | None = None,
+):
+    """The TrainConfig of the demo's `kind` draft on `shards` (run dir under `out_dir`);
+    `overrides` (dotted keys) go on top, as bench/demo_budget.py's seeds do."""
     from pipeline.train.config import load_train_config
 
     config_path, run_name, extra = KINDS[kind]
@@ -47,6 +55,7 @@ def demo_train_config(out_dir: str | Path, shards: str, *, kind: str, num_steps:
             "out_dir": str(Path(out_dir) / run_name),
             "num_steps": num_steps,
             **extra,
+            **(overrides or {}),
         },
     )
 

@@ -23,6 +23,11 @@ def test_demo_trains_dspark_and_dflash_with_the_same_budget(tmp_path):
         c.draft.anchor_predicts,  # both in the fill-in layout: vLLM's CPU build serves them
     )
     assert same(dspark) == same(dflash) and dspark.num_steps == DEMO_STEPS
+    # bench/demo_budget.py varies the seed and budget of exactly these configs.
+    seeded = demo_train_config(
+        tmp_path, "shards", kind="dflash", num_steps=7, overrides={"seed": 3}
+    )
+    assert (seeded.seed, seeded.num_steps, seeded.draft.kind) == (3, 7, "dflash")
     with pytest.raises(ValueError, match="the demo trains one of"):
         from pipeline.demo.train import train_demo_draft
 

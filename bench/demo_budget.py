@@ -1,0 +1,130 @@
+"""Where the demo's DSpark and DFlash drafts settle their order: macro tau against the budget.
+
+    .venv/bin/python bench/demo_budget.py [--steps 100,200,300] [--seeds 0,1]
+        [--conversations 600] [--keep DIR]
+
+Demo-sized data (reference shards of `--conversations` synthetic
+conversations, corpus seed 1 and 256 new tokens as pipeline/demo/configs/toy.yaml
+regenerates them), and the demo's own two training configs
+(pipeline/demo/train.py: DSpark in the fill-in layout with `0.1 CE + 0.9 L1 +
+1.0 BCE`, DFlash with CE only; lr 3e-3, batch 16, held-out fraction 0.05), each
+trained for every budget in `--steps` with every seed in `--seeds` (a budget is
+its own run: the cosine schedule spans it). Each budget's drafts are evaluated
+together on the held-out split (offline T=0 walk, what the demo prints); per
+budget and seed: both macro taus and DSpark / DFlash with its paired bootstrap
+interval. Keys `demo_budget*` merge into bench/results.json; the section
+between the demo_budget markers of bench/RESULTS.md is replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from results_file import merge_results, write_section  # bench/ is sys.path[0]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=_ints, default=[100, 200, 300])
+    parser.add_argument("--seeds", type=_ints, default=[0, 1])
+    parser.add_argument("--conversations", type=int, default=600)
+    parser.add_argument("--keep", type=Path, default=None, help="work here and keep it")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    from pipeline.demo.reference_shards import write_reference_shards
+    from pipeline.demo.train import demo_train_config
+    from pipeline.evaluate.config import parse_eval_config
+    from pipeline.evaluate.run import run_evaluation
+    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
+    from pipeline.train.trainer import train
+
+    with tempfile.TemporaryDirectory(prefix="bench-demo-budget-") as tmp:
+        work = args.keep or Path(tmp)
+        shards = work / f"shards-{args.conversations}"
+        if not (shards / "_latest").exists():
+            write_reference_shards(
+                shards,
+                num_conversations=args.conversations,
+                corpus_seed=1,
+                max_new_tokens=256,
+                num_units=4,
+            )
+        rows, train_s = [], {}
+        for steps in args.steps:
+            drafts = []
+            for seed in args.seeds:
+                out = work / f"steps{steps}-seed{seed}"
+                for kind, name in (("dspark", "DSpark"), ("dflash", "DFlash")):
+                    config = demo_train_config(
+                        out, str(shards), kind=kind, num_steps=steps, overrides={"seed": seed}
+                    )
+                    if not (Path(config.out_dir) / "export" / "config.json").exists():
+                        started = time.perf_counter()
+                        train(config)
+                        train_s[f"{name} {steps}x s{seed}"] = round(time.perf_counter() - started)
+                    drafts.append({"name": f"{name} s{seed}", "path": config.out_dir})
+            report = run_evaluation(
+                parse_eval_config(
+                    {
+                        "target": "toy:trained",
+                        "out_dir": str(work / f"eval-{steps}"),
+                        "drafts": drafts,
+                        "calibration": {"enabled": False},
+                    },
+                    "demo_budget",
+                )
+            ).report["drafts"]
+            for seed in args.seeds:
+                a, b = (report[f"{n} s{seed}"]["offline_t0"] for n in ("DSpark", "DFlash"))
+                ratio, lo, hi = ratio_interval(
+                    PerSample.from_dict(a["per_sample"]), PerSample.from_dict(b["per_sample"])
+                )
+                rows.append(
+                    {
+                        "steps": steps,
+                        "seed": seed,
+                        "dspark": round(a["tau_macro"], 3),
+                        "dflash": round(b["tau_macro"], 3),
+                        "ratio": round(ratio, 3),
+                        "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
+                        "samples": a["num_samples"],
+                    }
+                )
+
+    merge_results({"demo_budget": rows, "demo_budget_train_s": train_s}, replace=("demo_budget",))
+    lines = [
+        "## The demo's DSpark against DFlash by budget (bench/demo_budget.py, keys demo_budget*)",
+        "",
+        f"Demo-sized reference shards ({args.conversations} conversations, corpus seed 1), the "
+        "demo's two training configs (pipeline/demo/train.py), held-out fraction 0.05; offline "
+        f"T=0 macro tau; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}. "
+        "Ratio: DSpark / DFlash, paired stratified bootstrap over the held-out samples.",
+        "",
+        "| steps | seed | DSpark | DFlash | DSpark / DFlash | 95% CI | held-out samples |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ci = "n/a" if r["ci95"] is None else "{:.3f}-{:.3f}".format(*r["ci95"])
+        lines.append(
+            f"| {r['steps']} | {r['seed']} | {r['dspark']:.2f} | {r['dflash']:.2f} | "
+            f"{r['ratio']:.3f} | {ci} | {r['samples']} |"
+        )
+    lines += ["", f"Training seconds: {train_s or 'reused from --keep'}."]
+    write_section("bench/demo_budget.py", "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The demo's line on DSpark against DFlash says only what its held-out samples support."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.demo.verdict import TRAILS_WHY, comparison_line
+
+DOMAINS = ("chat", "code", "math")
+
+
+def _row(accepted_per_round: list[float]) -> dict:
+    """An offline_t0 entry: per domain, samples of 10 rounds accepting the given means."""
+    ids, domain, accepted, rounds = [], [], [], []
+    for d in DOMAINS:
+        for i, a in enumerate(accepted_per_round):
+            ids.append(f"{d}-{i}")
+            domain.append(d)
+            accepted.append(round(10 * a))
+            rounds.append(10)
+    macro = 1.0 + sum(accepted) / sum(rounds)
+    per_sample = {"ids": ids, "domain": domain, "accepted": accepted, "rounds": rounds}
+    return {"offline_t0": {"tau_macro": macro, "per_sample": per_sample}}
+
+
+def _report(dspark: list[float], dflash: list[float]) -> dict:
+    return {"drafts": {"DSpark": _row(dspark), "DFlash": _row(dflash)}}
+
+
+def test_a_trailing_dspark_gets_its_budget_and_the_measured_reason():
+    line = comparison_line(_report([0.9, 1.0, 1.1, 1.0], [1.5, 1.6, 1.4, 1.5]), steps=100)
+    assert line.startswith("DSpark trails DFlash after 100 training steps each")
+    assert TRAILS_WHY in line and "\n" not in line
+    assert "ratio 0.80" in line  # 2.0 / 2.5
+
+
+def test_a_lead_is_stated_only_when_its_interval_clears_one():
+    lead = comparison_line(_report([2.0, 2.1, 1.9, 2.0], [1.0, 1.1, 0.9, 1.0]), steps=300)
+    assert lead.startswith("DSpark leads DFlash after 300 training steps each")
+    # Higher point estimate, but the samples disagree: no order is claimed.
+    mixed = comparison_line(_report([2.0, 0.2, 2.2, 0.1], [1.0, 1.2, 0.9, 1.1]), steps=100)
+    assert mixed.startswith("DSpark and DFlash are not told apart")
+    assert "does not rank them" in mixed and "leads" not in mixed
+
+
+@pytest.mark.parametrize("drop", ["DSpark", "DFlash"])
+def test_no_line_without_both_drafts(drop):
+    report = _report([1.0, 1.0], [1.0, 1.0])
+    del report["drafts"][drop]
+    assert comparison_line(report, steps=100) is None
