@@ -23,9 +23,10 @@ TRAILS_WHY = (
 )
 
 
-def comparison_line(report: dict, *, steps: int) -> str | None:
+def comparison_line(report: dict, *, steps: int, trails_why: str = TRAILS_WHY) -> str | None:
     """One line on the DSpark and DFlash rows of an evaluation `report` trained
-    `steps` steps each; None when either row is missing."""
+    `steps` steps each (`trails_why`: the reason given when DSpark trails); None
+    when either row is missing."""
     from pipeline.evaluate.uncertainty import PerSample, ratio_interval
 
     drafts = report.get("drafts", {})
@@ -45,7 +46,7 @@ def comparison_line(report: dict, *, steps: int) -> str | None:
     if not math.isnan(lo) and lo > 1.0:
         return f"DSpark leads DFlash {where}: {figures}."
     if not math.isnan(hi) and hi < 1.0:
-        return f"DSpark trails DFlash {where} ({figures}): {TRAILS_WHY}."
+        return f"DSpark trails DFlash {where} ({figures}): {trails_why}."
     return (
         f"DSpark and DFlash are not told apart {where} ({figures}; the interval holds 1 "
         "or cannot be drawn): the table does not rank them."

@@ -48,3 +48,15 @@ def test_no_line_without_both_drafts(drop):
     report = _report([1.0, 1.0], [1.0, 1.0])
     del report["drafts"][drop]
     assert comparison_line(report, steps=100) is None
+
+
+def test_the_real_demo_gives_its_own_reason_for_a_trailing_dspark():
+    from pipeline.demo.real import REAL_TRAILS_WHY
+
+    line = comparison_line(
+        _report([0.9, 1.0, 1.1, 1.0], [1.5, 1.6, 1.4, 1.5]),
+        steps=150,
+        trails_why=REAL_TRAILS_WHY,
+    )
+    assert REAL_TRAILS_WHY in line and TRAILS_WHY not in line
+    assert "after 150 training steps each" in line
