@@ -593,10 +593,12 @@ def plan(
 def demo(out: Path | None, num_conversations: int | None, real: bool, steps: int | None) -> None:
     """Run the embedded default end to end on this machine (local Ray, CPU vLLM, toy target).
 
+    With --real: the real target SmolLM2-135M-Instruct instead, into runs/real.
+
     \b
     Examples:
       dspark-targets demo --out runs/demo
-      dspark-targets demo --real          # runs/real: the real target (SmolLM2-135M-Instruct)
+      dspark-targets demo --real
     """
     if real:
         from pipeline.demo.real import REAL_DEMO_STEPS, run_real_demo
