@@ -310,7 +310,7 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
 
         try:
             report["serving"] = serve_drafts(
-                config, config.served_drafts(), loaded, samples, target_dir
+                config, config.served_drafts(), loaded, samples, data_info, target_dir
             )
         except IdentityMismatch as error:  # the report first, then the loud failure
             report["serving"] = error.section  # type: ignore[attr-defined]
@@ -326,10 +326,12 @@ def serve_drafts(
     names: list[str],
     loaded: dict[str, LoadedDraft],
     samples: list[TrainingSample],
+    data_info: dict,
     target_dir: Path,
 ) -> dict[str, Any]:
     """The serving benchmark (pipeline/evaluate/serving.py) on held-out prompts, with each
-    served draft's offline T=0 tau on the same prompts' stored answers beside vLLM's."""
+    served draft's offline T=0 tau on the same prompts' stored answers (cut to the
+    draft's layers) beside vLLM's."""
     import json
 
     from pipeline.drafts.load import make_drafter
@@ -347,9 +349,8 @@ def serve_drafts(
         served = json.loads((export / "config.json").read_text())["speculators_model_type"]
         # A DFlash export of a DSpark draft is its backbone: draft offline without the heads.
         drafter = make_drafter(name, loaded[name], use_heads=served != "dflash")
-        rounds = walk_tables(
-            build_tables(picked, drafter), num_draft_tokens=drafter.num_draft_tokens
-        )
+        own = draft_samples(picked, data_info, loaded[name].spec)
+        rounds = walk_tables(build_tables(own, drafter), num_draft_tokens=drafter.num_draft_tokens)
         offline[name] = round(tau(accepted=rounds.accepted), 4)
     return run_serving(
         sc,

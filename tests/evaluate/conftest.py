@@ -50,13 +50,15 @@ def eagle3_run(eval_shards, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def dflash_run(eval_shards, tmp_path_factory):
-    """A one-layer DFlash draft, 20 steps on the same shards and split (its export is what
-    vLLM's dflash method serves; the serving tests need speed figures, not a good tau)."""
+    """A one-layer DFlash draft, 20 steps on the same shards and split, reading two of the
+    three captured layers (its export is what vLLM's dflash method serves; the serving
+    tests need speed figures, not a good tau)."""
     from draft_specs import train_small_draft
 
     out = tmp_path_factory.mktemp("dflash-run")
     train_small_draft(
-        eval_shards, out, dict(kind="dflash", num_layers=1, block_size=4), num_steps=20,
+        eval_shards, out, dict(kind="dflash", num_layers=1, block_size=4, aux_layer_ids=[1, 3]),
+        num_steps=20,
         heldout_fraction=0.25,
     )  # fmt: skip
     return out

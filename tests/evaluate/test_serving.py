@@ -61,6 +61,8 @@ def test_serving_benchmark_reports_speed_acceptance_and_identity(dflash_run, tmp
     acc = d["acceptance"]
     assert acc["num_rounds"] > 0 and 1.0 <= acc["tau"] <= 4.0
     assert len(acc["position_rate"]) == 3 and all(0 <= r <= 1 for r in acc["position_rate"])
+    # Beside vLLM's: the offline tau on the same prompts, from the draft's own columns.
+    assert result.report["drafts"]["DFlash"]["aux_layer_ids"] == [1, 3]
     assert acc["offline_tau"] is not None and acc["offline_tau"] >= 1.0
     ident = d["identity"]
     assert ident["num_prompts"] == 2 and ident["ok"] and ident["num_real_divergences"] == 0
