@@ -145,6 +145,8 @@ def main() -> None:
         FIGURES.mkdir(exist_ok=True)
         plots = {}
         for key, path in result.plots.items():
+            if path.name == "serving_curve.png":
+                continue  # drawn below as real_serve_curve.png, as bench/serve.py names it
             name = f"real_{path.name}"
             shutil.copyfile(path, FIGURES / name)
             plots[key] = name
