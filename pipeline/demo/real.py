@@ -14,8 +14,8 @@
    against DFlash (pipeline/demo/verdict.py).
 
 The budget here is a demo's (minutes of CPU per draft), not a benchmark's:
-bench/real_target.py trains the same drafts longer and adds T=1 and serving
-speed. Every step is resumable, as `make demo`'s.
+bench/real_target.py trains the same drafts longer and adds serving speed
+(and T=1). Every step is resumable, as `make demo`'s.
 """
 
 from __future__ import annotations
