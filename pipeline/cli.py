@@ -571,7 +571,12 @@ def plan(
 
 
 @cli.command()
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/demo"))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run directory (default: runs/demo, or runs/real with --real).",
+)
 @click.option(
     "--num-conversations",
     type=click.IntRange(min=1),

@@ -51,3 +51,19 @@ def test_steps_without_real_is_a_one_line_usage_error():
     assert done.returncode == 2
     assert "--steps applies to --real only" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_demo_real_writes_under_runs_real_unless_told(monkeypatch):
+    """The CLI only parses and calls: where `demo --real` puts its run, and its budget."""
+    from click.testing import CliRunner
+
+    import pipeline.demo.real as real
+    from pipeline.cli import cli
+
+    calls = []
+    monkeypatch.setattr(real, "run_real_demo", lambda out, **kw: calls.append((out, kw)))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["demo", "--real"]).exit_code == 0
+    assert runner.invoke(cli, ["demo", "--real", "--out", "x", "--steps", "7"]).exit_code == 0
+    assert [str(out) for out, _ in calls] == ["runs/real", "x"]
+    assert [kw["num_steps"] for _, kw in calls] == [real.REAL_DEMO_STEPS, 7]
