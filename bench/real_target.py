@@ -54,15 +54,13 @@ BATCH = 8  # train-real*.yaml's global batch
 
 
 def regenerate(out: Path, conversations: int | None) -> str:
+    """A dataset of the real target's default config (make demo-real's) under `out`."""
     from pipeline.demo.real import REAL_CONFIG
-    from pipeline.regenerate.config import load_config
+    from pipeline.demo.run import demo_config
     from pipeline.regenerate.run import run_regenerate
 
-    overrides: dict = {"output.uri": str(out)}
-    if conversations:
-        overrides["corpus.synthetic.num_conversations"] = conversations
-    run_regenerate(load_config(REAL_CONFIG, overrides=overrides))
-    return str(out)
+    run_regenerate(demo_config(REAL_CONFIG, out, conversations))
+    return str(out / "dataset")
 
 
 def train_drafts(data: str, work: Path, steps: int, extra: dict) -> dict[str, dict]:
@@ -117,7 +115,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-real-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        data = args.data or regenerate(work / "dataset", args.conversations)
+        data = args.data or regenerate(work, args.conversations)
         trained = train_drafts(data, work, args.steps, parse_overrides(args.set))
         drafts = [dict(name=n, path=t["run_dir"]) for n, t in trained.items()]
         drafts.append(dict(name="untrained", path=trained["DSpark"]["run_dir"], untrained=True))

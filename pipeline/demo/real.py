@@ -70,33 +70,22 @@ def run_real_demo(
 ) -> dict:
     from rich.console import Console
 
-    from pipeline.demo.run import answers_table
+    from pipeline.demo.run import demo_config, regenerate_and_show
     from pipeline.evaluate import demo_report
-    from pipeline.regenerate.config import load_config
-    from pipeline.regenerate.run import run_regenerate
-    from pipeline.shards.inspection import inspect_dataset
     from pipeline.targets.resolve import resolve_model
     from pipeline.train.trainer import train
 
     console = Console()
-    overrides: dict = {"output.uri": str(out_dir / "dataset")}
-    if num_conversations:
-        overrides["corpus.synthetic.num_conversations"] = num_conversations
-    config = load_config(REAL_CONFIG, overrides=overrides)
+    config = demo_config(REAL_CONFIG, out_dir, num_conversations)
     started = time.monotonic()
 
     console.rule(f"[bold]1. real target: {config.target.model}")
     model_dir = resolve_model(config.target.model)
     console.print(f"target model directory: {model_dir}")
 
-    console.rule("[bold]2. regenerate + capture (local Ray, CPU vLLM replica)")
-    summary = run_regenerate(config)
-    for line in summary.lines():
-        console.print(line)
-
-    console.rule("[bold]3. dspark-targets inspect " + config.output.uri)
-    print(inspect_dataset(config.output.uri).to_text())
-    console.print(answers_table(config, model_dir, answer_label="the target's answer"))
+    summary = regenerate_and_show(
+        console, config, model_dir, first_step=2, answer_label="the target's answer"
+    )
 
     console.rule(f"[bold]4. train DSpark, DFlash and EAGLE-3 ({num_steps} steps each)")
     trained: dict[str, dict] = {}

@@ -38,16 +38,10 @@ def run_demo(
     from rich.console import Console
 
     from pipeline.corpus.synthetic import write_corpus
-    from pipeline.regenerate.config import load_config
-    from pipeline.regenerate.run import run_regenerate
-    from pipeline.shards.inspection import inspect_dataset
     from pipeline.targets.resolve import resolve_model
 
     console = Console()
-    overrides: dict = {"output.uri": str(out_dir / "dataset")}
-    if num_conversations:
-        overrides["corpus.synthetic.num_conversations"] = num_conversations
-    config = load_config(config_path, overrides=overrides)
+    config = demo_config(config_path, out_dir, num_conversations)
     started = time.monotonic()
 
     console.rule("[bold]1. toy target")
@@ -59,14 +53,7 @@ def run_demo(
     assert syn is not None, "the demo config uses the synthetic corpus"
     console.print("wrote " + ", ".join(str(p) for p in write_corpus(syn, out_dir / "corpus")))
 
-    console.rule("[bold]3. regenerate + capture (local Ray, CPU vLLM replica)")
-    summary = run_regenerate(config)
-    for line in summary.lines():
-        console.print(line)
-
-    console.rule("[bold]4. dspark-targets inspect " + config.output.uri)
-    print(inspect_dataset(config.output.uri).to_text())
-    console.print(answers_table(config, model_dir))
+    summary = regenerate_and_show(console, config, model_dir, first_step=3)
 
     console.rule("[bold]5. train DSpark and DFlash drafts on the dataset, serve DSpark with vLLM")
     from pipeline.demo.train import DEMO_STEPS, train_demo_draft
@@ -98,6 +85,34 @@ def run_demo(
         "eval": evaluation,
         "verdict": verdict,
     }
+
+
+def demo_config(config_path: Path, out_dir: Path, num_conversations: int | None = None):
+    """A demo's regeneration config, writing `<out_dir>/dataset` (and `num_conversations`)."""
+    from pipeline.regenerate.config import load_config
+
+    overrides: dict = {"output.uri": str(out_dir / "dataset")}
+    if num_conversations:
+        overrides["corpus.synthetic.num_conversations"] = num_conversations
+    return load_config(config_path, overrides=overrides)
+
+
+def regenerate_and_show(
+    console, config, model_dir: str, *, first_step: int, answer_label: str = "toy target's answer"
+):
+    """A demo's steps `first_step` and the next: regenerate + capture, then `inspect` of the
+    committed version and a few answers read back from its shards. Returns the RunSummary."""
+    from pipeline.regenerate.run import run_regenerate
+    from pipeline.shards.inspection import inspect_dataset
+
+    console.rule(f"[bold]{first_step}. regenerate + capture (local Ray, CPU vLLM replica)")
+    summary = run_regenerate(config)
+    for line in summary.lines():
+        console.print(line)
+    console.rule(f"[bold]{first_step + 1}. dspark-targets inspect " + config.output.uri)
+    print(inspect_dataset(config.output.uri).to_text())
+    console.print(answers_table(config, model_dir, answer_label=answer_label))
+    return summary
 
 
 def answers_table(
