@@ -54,6 +54,9 @@ MID = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, inter=768, ra
 QWEN3_8B = dict(
     hidden=4096, layers=5, heads=32, kv_heads=8, head_dim=128, inter=12288, rank=256, aux=5
 )
+# The real target's draft (pipeline/demo/configs/train-real.yaml on SmolLM2-135M-Instruct).
+SMOLLM2 = dict(hidden=576, layers=1, heads=9, kv_heads=3, head_dim=64, inter=1536, rank=64, aux=5)
+PRESETS = {"mid": MID, "qwen3-8b": QWEN3_8B, "smollm2": SMOLLM2}
 BLOCK = 8
 CHUNK = 256
 GB = 2**30
@@ -135,10 +138,11 @@ def measure(preset: str, seq_len: int, vocab: int, path: str, device: str, steps
     from pipeline.train.loss import draft_loss
     from pipeline.train.objective import DraftObjective
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
     dev = torch.device(device)
-    cfg = MID if preset == "mid" else QWEN3_8B
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = PRESETS[preset]
     spec = _spec(cfg, vocab)
     bf16 = dev.type == "cuda"
     frozen = torch.bfloat16 if bf16 else torch.float32
@@ -213,7 +217,7 @@ def measure(preset: str, seq_len: int, vocab: int, path: str, device: str, steps
     }
 
 
-def _run_one(preset, seq_len, vocab, path, device, steps) -> dict:
+def _run_one(preset, seq_len, vocab, path, device, steps, timeout=None) -> dict:
     """`measure` in a fresh interpreter (its own peak), or the error it died of."""
     cmd = [
         sys.executable,
@@ -221,10 +225,19 @@ def _run_one(preset, seq_len, vocab, path, device, steps) -> dict:
         "--one",
         json.dumps([preset, seq_len, vocab, path, device, steps]),
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    path_var = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path_var}
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"preset": preset, "seq_len": seq_len, "path": path, "error": f"over {timeout} s"}
     if out.returncode:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}
+        why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode
+        return {"preset": preset, "seq_len": seq_len, "path": path, "error": why}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -422,19 +435,36 @@ def gpu_trainer_smoke(work: Path) -> dict:
 
 
 def gpu_main(out_path: Path) -> None:
-    """Everything a lent GPU should measure, in one command; figures to `out_path`."""
+    """Everything a lent GPU should measure, in one command; figures to `out_path`.
+
+    Ordered so that a run cut short still holds the headline: the trainer's path
+    at the Qwen3-8B-class draft's sizes first, then the earlier dense path, flex
+    attention (compiled in each process, so slow to start), the real target's
+    draft, and last the real trainer on toy shards.
+    """
     import tempfile
 
-    figures = {"device": "cuda", "runs": []}
-    for seq_len in (1024, 2048, 4096, 8192):
-        paths = ("chunked", "flex") + (("dense",) if seq_len <= 2048 else ())
-        for path in paths:
-            figures["runs"].append(_run_one("qwen3-8b", seq_len, 151936, path, "cuda", 4))
-            print(json.dumps(figures["runs"][-1]), flush=True)
-            out_path.write_text(json.dumps(figures, indent=2) + "\n")  # partial results kept
-    figures["model"] = {
-        str(t): estimate(QWEN3_8B, seq_len=t, vocab=151936, bf16=True) for t in (4096, 8192)
+    import torch
+
+    figures = {
+        "device": "cuda",
+        "gpu": torch.cuda.get_device_name(0),
+        "gpu_memory_gb": round(torch.cuda.get_device_properties(0).total_memory / GB, 1),
+        "torch": torch.__version__,
+        "runs": [],
     }
+    plan = [("qwen3-8b", t, 151936, "chunked") for t in (1024, 2048, 4096, 8192, 16384)]
+    plan += [("qwen3-8b", t, 151936, "dense") for t in (1024, 2048)]
+    plan += [("qwen3-8b", t, 151936, "flex") for t in (4096, 8192)]
+    plan += [("smollm2", 2048, v, "chunked") for v in (49152, 8192)]
+    for preset, seq_len, vocab, path in plan:
+        figures["runs"].append(_run_one(preset, seq_len, vocab, path, "cuda", 4, timeout=150))
+        print(json.dumps(figures["runs"][-1]), flush=True)
+        out_path.write_text(json.dumps(figures, indent=2) + "\n")  # partial results kept
+    figures["model"] = {
+        str(t): estimate(QWEN3_8B, seq_len=t, vocab=151936, bf16=True) for t in (4096, 8192, 16384)
+    }
+    out_path.write_text(json.dumps(figures, indent=2) + "\n")
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
         try:
             figures["trainer_smoke"] = gpu_trainer_smoke(Path(tmp))
