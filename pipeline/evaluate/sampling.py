@@ -4,7 +4,9 @@ Above temperature 0 the target's output is random, so the shards' greedy
 answers say nothing about which drafted tokens survive; the loop must run.
 Each round the draft samples n tokens left to right from q (its own
 previous sample feeds the Markov head, or EAGLE-3's next step), the target scores prompt + committed
-tokens + drafted tokens in one forward pass, and drafted token k survives
+tokens + drafted tokens in one forward pass (the committed prefix from its
+KV cache, cropped to the committed length after each verdict, as a serving
+engine's is), and drafted token k survives
 with probability min(1, p_k(d_k) / q_k(d_k)); at the first rejection the
 target's token comes from the residual norm(max(0, p_k - q_k)), and if all
 survive the bonus comes from p_{n+1}. The emitted sequence is then
@@ -98,12 +100,29 @@ class HFVerifier:
         view.aux_layer_ids = tuple(aux_layer_ids)
         return view
 
-    def forward(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits (T, V) fp32, features (T, k*H)) for the token sequence `ids`."""
+    def new_cache(self):
+        """An empty KV cache for `forward`: one per decoded sequence."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.target.model.config)
+
+    def forward(self, ids: list[int], cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (T, V) fp32, features (T, k*H)) of the positions of `ids` that `cache`
+        does not hold yet (every position without a cache); `cache` then holds all of them.
+
+        A cache turns a round's cost from the whole sequence into the drafted block:
+        on a 30-layer target with a 49k vocabulary the full pass is ~100x the work.
+        """
         import torch
 
+        start = cache.get_seq_length() if cache is not None else 0
         with torch.no_grad():
-            out = self.target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+            out = self.target.model(
+                input_ids=torch.tensor([ids[start:]]),
+                past_key_values=cache,
+                use_cache=cache is not None,
+                output_hidden_states=True,
+            )
         feats = torch.cat([out.hidden_states[k][0] for k in self.aux_layer_ids], dim=-1)
         return out.logits[0].float(), feats
 
@@ -142,20 +161,22 @@ def live_decode(
 
     fdt = getattr(torch, feature_dtype)
     n = drafter.num_draft_tokens
-    logits, feats = verifier.forward(prompt)
+    cache = verifier.new_cache()
+    logits, feats = verifier.forward(prompt, cache)
     first = torch.multinomial(_probs(logits[-1:], temperature), 1, generator=generator)
     seq = list(prompt) + [int(first)]
-    features = feats.to(fdt)  # (len(seq) - 1, k*H): every committed position but the anchor
+    # Invariant: `cache` and `features` hold every committed position but the anchor
+    # (the last token of `seq`), so a round feeds the anchor and the drafted block.
+    features = feats.to(fdt)
     output, accepted_log, confidence_log = [int(first)], [], []
     while output[-1] not in verifier.eos_ids and len(output) < max_new_tokens:
-        a = len(seq) - 1
         ctx = torch.cat([features, features.new_zeros(1, features.shape[1])])
         blocks = drafter.propose(
             torch.tensor(seq), ctx, temperature=temperature, generator=generator
         )
         drafted = blocks.tokens[0].tolist()
-        logits, feats = verifier.forward(seq + drafted)
-        p = _probs(logits[a : a + n + 1], temperature)[None]  # (1, n+1, V)
+        logits, feats = verifier.forward(seq + drafted, cache)  # positions anchor .. anchor+n
+        p = _probs(logits[: n + 1], temperature)[None]  # (1, n+1, V)
         q = (
             blocks.probs
             if blocks.probs is not None
@@ -175,7 +196,8 @@ def live_decode(
             output.append(tok)
             if tok in verifier.eos_ids or len(output) >= max_new_tokens:
                 break
-        features = feats[: len(seq) - 1].to(fdt)
+        features = torch.cat([features, feats[: acc + 1].to(fdt)])[: len(seq) - 1]
+        cache.crop(len(seq) - 1)  # drop the rejected drafted positions
     finish = "stop" if output[-1] in verifier.eos_ids else "length"
     return LiveRun(output, accepted_log, finish, confidence_log)
 

@@ -108,3 +108,23 @@ def test_greedy_limit_accepts_exactly_the_matching_prefix():
     verdict = rejection_sample(draft_tokens=drafted, draft_probs=q, target_probs=target)
     assert verdict.accepted.tolist() == [3, 1]
     assert verdict.next_token.tolist() == [0, 2]  # bonus, then the target's correction
+
+
+def test_the_verifiers_kv_cache_gives_the_full_forward(trained_target_dir):
+    """The live loop feeds each round's anchor and block against a cache cropped to
+    the committed prefix: its logits and features equal a full forward's."""
+    from pipeline.evaluate.sampling import HFVerifier
+
+    verifier = HFVerifier(str(trained_target_dir), (1, 2))
+    ids = torch.randint(4, 200, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    full_logits, full_feats = verifier.forward(ids)
+    cache = verifier.new_cache()
+    verifier.forward(ids[:20], cache)
+    verifier.forward(ids[:20] + [7, 8, 9, 10], cache)  # a drafted block, then rejected
+    cache.crop(20)
+    logits, feats = verifier.forward(ids, cache)
+    assert logits.shape[0] == feats.shape[0] == 20
+    torch.testing.assert_close(logits, full_logits[20:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(feats, full_feats[20:], atol=1e-4, rtol=1e-4)
+    assert cache.get_seq_length() == 40
+    verifier.target.close()
