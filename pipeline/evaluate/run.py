@@ -272,8 +272,10 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
 
         prompts = _prompts(samples, config.live.num_prompts)
         for name, drafter in drafters.items():
-            drafts[name]["live"] = {
-                str(temp): live_report(
+            drafts[name]["live"] = {}
+            for temp in config.live.temperatures:
+                started = time.monotonic()
+                live = live_report(
                     drafter=drafter,
                     verifier=verifier.reading(loaded[name].spec.aux_layer_ids),
                     samples=prompts,
@@ -282,8 +284,17 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
                     seed=config.seed,
                     samples_per_prompt=config.live.samples_per_prompt,
                 )
-                for temp in config.live.temperatures
-            }
+                drafts[name]["live"][str(temp)] = live
+                log.info(
+                    "live T=%s %s",
+                    temp,
+                    kv(
+                        draft=name,
+                        tau=round(live["tau"], 3),
+                        macro=round(live["tau_macro"], 3),
+                        seconds=round(time.monotonic() - started),
+                    ),
+                )
     if verifier is not None:
         verifier.target.close()
 

@@ -24,6 +24,8 @@ prompts and reports tau per domain, in the offline walk's report format.
 from __future__ import annotations
 
 import copy
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 
     from pipeline.drafts.drafter import Drafter
     from pipeline.shards.reader import TrainingSample
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 60.0
 
 
 @dataclass
@@ -255,7 +260,11 @@ def live_report(
     accepted: dict[str, list[int]] = {}
     runs = PerSample([], [], [], [])
     generator = torch.Generator().manual_seed(seed)
-    for s in samples:
+    shown = time.monotonic()
+    for i, s in enumerate(samples):
+        if time.monotonic() - shown > PROGRESS_EVERY_S:  # a long loop shows it is moving
+            log.info("live T=%s decoding prompt %d/%d", temperature, i + 1, len(samples))
+            shown = time.monotonic()
         for r in range(samples_per_prompt):
             run = live_decode(
                 drafter=drafter,
