@@ -202,7 +202,8 @@ def live_decode(
             if tok in verifier.eos_ids or len(output) >= max_new_tokens:
                 break
         features = torch.cat([features, feats[: acc + 1].to(fdt)])[: len(seq) - 1]
-        cache.crop(len(seq) - 1)  # drop the rejected drafted positions
+        if (rejected := cache.get_seq_length() - (len(seq) - 1)) > 0:
+            cache.crop(-rejected)  # drop the rejected drafted positions
     finish = "stop" if output[-1] in verifier.eos_ids else "length"
     return LiveRun(output, accepted_log, finish, confidence_log)
 
