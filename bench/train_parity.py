@@ -498,7 +498,9 @@ def run_real(args) -> None:
                 else "; T=1 not run"
             )
             + "). Tokens/s: context tokens per second of forward, backward and optimiser "
-            f"step, median of steps {WARMUP_STEPS + 1}-{args.steps} with their range. "
+            f"step, median of steps {WARMUP_STEPS + 1}-{args.steps} with their range; "
+            "train seconds are whole steps, speculators' with decoding its batch from the "
+            "shards in line (the project's trainer decodes ahead in a thread). "
             f"{platform.machine()}, {cpu_capability()}, load average {load:.2f}; {timing}. "
             f"A small budget: {args.steps} steps on 2 shared "
             "CPU cores, far from converged; the figure compares the two trainers at that "
