@@ -20,7 +20,8 @@ Results merge into bench/results.json (keys `real_vocab_*`) and the
 Tau at equal wall-clock training time (`--tau-steps N`):
 
     flock /tmp/dspark-heavy.lock .venv/bin/python bench/draft_vocab.py \\
-        --data runs/real/dataset --tau-steps 300 [--tau-size 8192] [--probe-steps 3]
+        --data runs/real/dataset --tau-steps 300 [--tau-size 8192] [--probe-steps 3] \\
+        [--tau-equal-steps] [--work DIR]
 
 trains the DSpark draft of pipeline/demo/configs/train-real.yaml (the recipe
 of `make demo-real`, loaded through pipeline/demo/real.py) twice: with the
@@ -34,9 +35,13 @@ so both sides see the same load. Each run completes its own warm-up and
 cosine schedule. Both drafts are then evaluated by the project's evaluator
 (`run_evaluation`, T=0 exact offline walk, no live loop, no serving) on the
 same held-out split; the figures are each macro tau and the paired stratified
-bootstrap interval of reduced / full. They merge into bench/results.json
-(keys `real_vocab_tau_*`) and the `draft_vocab tau` section of RESULTS.md,
-beside the speed figures (which a speed run keeps, as this keeps them).
+bootstrap interval of reduced / full. `--tau-equal-steps` adds the reduced
+vocabulary trained for the full head's step count (its own schedule), for tau
+at equal steps. A rerun with the same `--work` reuses the finished runs, the
+plan and the figures measured when they trained. The figures merge into
+bench/results.json (keys `real_vocab_tau_*`) and the `draft_vocab tau`
+section of RESULTS.md, beside the speed figures (which a speed run keeps, as
+this keeps them).
 """
 
 from __future__ import annotations
@@ -154,6 +159,11 @@ def main() -> None:
     parser.add_argument("--probe-steps", type=int, default=3, help="tau mode: timed full steps")
     parser.add_argument("--eval-samples", type=int, default=None, help="tau mode: cap (smoke)")
     parser.add_argument("--work", type=Path, default=None, help="tau mode: keep the runs here")
+    parser.add_argument(
+        "--tau-equal-steps",
+        action="store_true",
+        help="tau mode: also the reduced vocabulary for the full head's step count",
+    )
     args = parser.parse_args()
     if args.tau_steps is not None:
         tau_main(args)
@@ -247,13 +257,17 @@ def tau_config(work: Path, data: str, run: str, size: int | None, steps: int, th
 
 
 def tau_train(config) -> dict:
-    """Train (or reuse a finished run of) `config`; its step-time figures."""
+    """Train `config`; its step-time figures, kept beside the run, so a rerun in the
+    same `--work` reuses a finished run with the figures measured when it trained."""
     from pipeline.train.trainer import train
 
+    kept = Path(config.out_dir).parent / "figures.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
     started = time.perf_counter()
     result = train(config, export=False)
     seconds = [m["seconds"] for m in result.metrics]
-    return {
+    figures = {
         "run_dir": config.out_dir,
         "draft_vocab_size": config.draft.draft_vocab_size,
         "steps": result.steps,
@@ -265,6 +279,8 @@ def tau_train(config) -> dict:
         "wall_s": round(time.perf_counter() - started, 1),
         "load_average_after": round(os.getloadavg()[0], 2),
     }
+    kept.write_text(json.dumps(figures) + "\n")
+    return figures
 
 
 def full_steps_for(work: Path, args, budget_s: float) -> dict:
@@ -304,10 +320,12 @@ def tau_main(args) -> None:
     dataset = (
         f"a dataset of real-smollm2.yaml ({manifest.num_rows} samples, version {manifest.version})"
     )
-    load_start = round(os.getloadavg()[0], 2)
-    started = time.monotonic()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-vocab-tau-"))
     work.mkdir(parents=True, exist_ok=True)
+    first_start = work / "load_average_at_start.json"  # of the invocation that began `work`
+    if not first_start.exists():
+        first_start.write_text(json.dumps(round(os.getloadavg()[0], 2)) + "\n")
+    load_start = json.loads(first_start.read_text())
     size = args.tau_size
     try:
         reduced = tau_train(
@@ -321,6 +339,11 @@ def tau_main(args) -> None:
         )
         print(json.dumps(full), flush=True)
         names = {f"DSpark {size}": reduced, "DSpark full": full}
+        if args.tau_equal_steps:
+            steps = plan["full_steps"]
+            names[f"DSpark {size}, {steps} steps"] = tau_train(
+                tau_config(work, args.data, f"dspark-{size}-{steps}", size, steps, args.threads)
+            )
         data = dict(uri=args.data)
         if args.eval_samples:
             data["max_samples"] = args.eval_samples
@@ -337,8 +360,17 @@ def tau_main(args) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
     rows = {n: report["drafts"][n]["offline_t0"] for n in names}
-    point, lo, hi = ratio_interval(*(PerSample.from_dict(rows[n]["per_sample"]) for n in names))
-    ci = None if math.isnan(lo) else [round(lo, 3), round(hi, 3)]
+
+    def ratio(num: str, den: str) -> tuple[float, list[float] | None]:
+        """Paired ratio of macro taus with its bootstrap interval."""
+        point, lo, hi = ratio_interval(
+            PerSample.from_dict(rows[num]["per_sample"]),
+            PerSample.from_dict(rows[den]["per_sample"]),
+        )
+        return point, None if math.isnan(lo) else [round(lo, 3), round(hi, 3)]
+
+    first, *others = names
+    point, ci = ratio(first, "DSpark full")
     samples = report["data"]["num_samples"]
     setup = (
         f"{TARGET}, {dataset}, the DSpark draft of "
@@ -355,6 +387,8 @@ def tau_main(args) -> None:
     figures: dict = {f"{TAU_KEYS}setup": setup, f"{TAU_KEYS}heldout_samples": samples}
     for name, run in names.items():
         tag = f"{TAU_KEYS}dspark_{run['draft_vocab_size'] or 'full'}"
+        if name not in (first, "DSpark full"):
+            tag += "_equal_steps"
         figures[tag] = {
             **{k: v for k, v in run.items() if k not in ("run_dir", "draft_vocab_size")},
             "tau_macro": rows[name]["tau_macro"],
@@ -364,9 +398,13 @@ def tau_main(args) -> None:
         }
     figures[f"{TAU_KEYS}ratio"] = round(point, 3)
     figures[f"{TAU_KEYS}ratio_ci95"] = ci
+    equal = [n for n in others if n != "DSpark full"]
+    if equal:
+        equal_point, equal_ci = ratio(equal[0], "DSpark full")
+        figures[f"{TAU_KEYS}equal_steps_ratio"] = round(equal_point, 3)
+        figures[f"{TAU_KEYS}equal_steps_ratio_ci95"] = equal_ci
     figures[f"{TAU_KEYS}plan"] = plan
     figures[f"{TAU_KEYS}load_average"] = [load_start, full["load_average_after"]]
-    figures[f"{TAU_KEYS}bench_seconds"] = round(time.monotonic() - started, 1)
     merge_results(figures, replace=(TAU_KEYS,))
     print(json.dumps(figures, indent=2), flush=True)
 
@@ -404,6 +442,15 @@ def tau_main(args) -> None:
                 f"* **reduced / full macro tau = {point:.3f}** "
                 f"({'95% CI ' + cell(ci) if ci else 'no interval'}; paired stratified "
                 f"bootstrap over the {samples} held-out samples)",
+                *(
+                    [
+                        f"* reduced / full macro tau at equal steps ({plan['full_steps']} "
+                        f"each) = {equal_point:.3f} "
+                        f"({'95% CI ' + cell(equal_ci) if equal_ci else 'no interval'})"
+                    ]
+                    if equal
+                    else []
+                ),
             ]
         ),
     )
