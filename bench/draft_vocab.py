@@ -62,6 +62,7 @@ from results_file import (  # bench/ is sys.path[0]
     RESULTS_JSON,
     cpu_capability,
     merge_results,
+    public_command,
     write_section,
 )
 
@@ -420,9 +421,9 @@ def tau_main(args) -> None:
         f"({cell(rows[n]['tau_macro_ci95'])}) |"
         for n, r in names.items()
     ]
-    # Paths are this machine's: the command line names them DATASET and WORK.
-    mask = {args.data: "DATASET", str(args.work): "WORK"}
-    argv = " ".join(mask.get(a, a) for a in sys.argv[1:])
+    command = public_command(
+        "bench/draft_vocab.py", sys.argv[1:], {"--data": "DATASET", "--work": "WORK"}
+    )
     write_section(
         "draft_vocab tau",
         "\n".join(
@@ -430,7 +431,7 @@ def tau_main(args) -> None:
                 "### Tau with and without the reduced vocabulary at equal wall-clock time "
                 "(bench/draft_vocab.py --tau-steps, keys real_vocab_tau_*)",
                 "",
-                f"`python bench/draft_vocab.py {argv}`. " + setup + ". Step seconds as the "
+                f"`{command}`. " + setup + ". Step seconds as the "
                 "trainer's metrics.jsonl records them; the two runs ran one after the other, "
                 f"load average {load_start} before and {full['load_average_after']} after.",
                 "",

@@ -45,7 +45,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_file import cpu_capability, merge_results, write_section  # bench/ is sys.path[0]
+from results_file import (  # bench/ is sys.path[0]
+    cpu_capability,
+    merge_results,
+    public_command,
+    write_section,
+)
 from serve import FIGURES, figures_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +158,9 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
     rows = report["drafts"]
+    command = public_command(
+        "bench/real_target.py", sys.argv[1:], {"--data": "DATASET", "--work": "WORK"}
+    )
 
     def compare(num: str, den: str, where: str) -> dict | None:
         """Paired ratio of macro taus with its bootstrap interval."""
@@ -221,7 +229,7 @@ def main() -> None:
             [
                 "## Drafts on the real target (bench/real_target.py, keys real_tau_*, real_P6)",
                 "",
-                f"SmolLM2-135M-Instruct; `python bench/real_target.py {' '.join(sys.argv[1:])}`; "
+                f"SmolLM2-135M-Instruct; `{command}`; "
                 f"budget: {budget}; {platform.machine()}, {cpu_capability()}, load average "
                 f"{load:.2f}. Intervals: paired stratified bootstrap over held-out samples.",
                 "",
@@ -268,7 +276,7 @@ def main() -> None:
         write_section(
             f"bench/serve.py {prefix}",
             f"## Serving speed ({prefix}*): SmolLM2-135M-Instruct\n\n"
-            f"`python bench/real_target.py {' '.join(sys.argv[1:])}` (drafts: the table "
+            f"`{command}` (drafts: the table "
             f"above); host {serve_figures[f'{prefix}host']}; plot: "
             f"[figures/{plot.name}](figures/{plot.name}).\n\n" + serving_markdown(serving),
         )

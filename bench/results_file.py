@@ -76,3 +76,18 @@ def bf16_native() -> bool | None:
         if line.startswith(("flags", "Features")):
             flags.update(line.partition(":")[2].split())
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def public_command(script: str, argv: list[str], hide: dict[str, str]) -> str:
+    """`python <script> <argv>` with the values of the flags in `hide` named, not spelled
+    out (`{"--work": "WORK"}`): a results file never carries this machine's paths."""
+    out = []
+    for i, arg in enumerate(argv):
+        key = arg.split("=", 1)[0]
+        if key in hide and "=" in arg:
+            out.append(f"{key} {hide[key]}")
+        elif i and argv[i - 1] in hide:
+            out.append(hide[argv[i - 1]])
+        else:
+            out.append(arg)
+    return " ".join([f"python {script}", *out])

@@ -325,26 +325,19 @@ def real_config(data: Path, out: Path, *, steps: int, batch: int, heldout: float
     )
 
 
-def public_command(argv: list[str]) -> str:
-    """The command line with the dataset and work directories named, not spelled out."""
-    out, hide = [], {"--real": "DATASET", "--work": "WORK"}
-    for i, arg in enumerate(argv):
-        key = arg.split("=", 1)[0]
-        if key in hide and "=" in arg:
-            out.append(f"{key} {hide[key]}")
-        elif i and argv[i - 1] in hide:
-            out.append(hide[argv[i - 1]])
-        else:
-            out.append(arg)
-    return " ".join(["python bench/train_parity.py", *out])
-
-
 def run_real(args) -> None:
     """P7 on the real target (`--real DATASET`): both trainers on the real dataset with
     train-real.yaml's draft, its 8,192-token draft vocabulary on both sides (speculators
     takes the project's run's d2t/t2d), keys real_P7*, a RESULTS.md section of its own."""
     import torch
-    from results_file import cpu_capability, fmt_spread, merge_results, spread, write_section
+    from results_file import (
+        cpu_capability,
+        fmt_spread,
+        merge_results,
+        public_command,
+        spread,
+        write_section,
+    )
 
     from pipeline.drafts.checkpoint import latest_checkpoint, load_checkpoint
     from pipeline.evaluate.config import parse_eval_config
@@ -434,7 +427,9 @@ def run_real(args) -> None:
         f"held-out fraction {args.heldout} ({heldout_n} samples)"
     )
     wall = time.monotonic() - started
-    command = public_command(sys.argv[1:])
+    command = public_command(
+        "bench/train_parity.py", sys.argv[1:], {"--real": "DATASET", "--work": "WORK"}
+    )
     if not reused:
         trained_by.write_text(json.dumps({"command": command, "wall_seconds": round(wall, 1)}))
     first = json.loads(trained_by.read_text()) if trained_by.exists() else None
