@@ -113,6 +113,7 @@ def main() -> None:
     from pipeline.evaluate.serving_report import plot_serving, serving_markdown
     from pipeline.evaluate.uncertainty import PerSample, ratio_interval
     from pipeline.logs import setup_logging
+    from pipeline.shards.manifest import Dataset
 
     setup_logging()
     load = os.getloadavg()[0]
@@ -184,10 +185,12 @@ def main() -> None:
     t1 = {n: d["live"]["1.0"]["tau_macro"] for n, d in rows.items() if d.get("live", {}).get("1.0")}
     p6, p6_t1 = compare("DSpark", "DFlash", "t0"), compare("DSpark", "DFlash", "t1")
     vs_eagle = compare("DSpark", "EAGLE-3", "t0"), compare("DSpark", "EAGLE-3", "t1")
+    totals = Dataset.open(data).manifest(report["data"]["version"]).totals
     budget = (
         f"{args.steps} steps x {BATCH} sequences each (pipeline/demo/configs/train-real*.yaml"
         + (f", {' '.join(args.set)}" if args.set else "")
-        + f"); {report['data']['num_samples']} held-out samples"
+        + f"); dataset version {report['data']['version']}, {totals.rows} samples, "
+        f"{totals.tokens} tokens; {report['data']['num_samples']} held-out samples"
     )
     figures: dict = {
         "real_target": "smollm2-135m-instruct",
