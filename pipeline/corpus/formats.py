@@ -9,6 +9,9 @@ Accepted row shapes (detected per row, so a mixed file works; docs/corpus.md has
 * ShareGPT: `{"conversations": [{"from": "human", "value": "..."}, ...]}`, also with
   `role`/`content` turns, LLaMA-Factory's `function_call`/`observation` turns and
   its `system` and `tools` columns.
+* Speaker groups (the Chit Chat Challenge): `{"messages": [[{"text", "sender"}, ...], ...]}`,
+  each inner list one speaker's consecutive utterances; the first speaker is the
+  user, the other the assistant, utterances joined with a newline.
 * prompt/response pairs: `prompt`+`response`, `prompt`+`completion`,
   `instruction`(+`input`)+`output`, `question`+`answer`; a bare `prompt`.
 
@@ -240,6 +243,39 @@ class _Parser:
         return [self.turn(turn, f"`{field}[{i}]`") for i, turn in enumerate(turns)]
 
 
+def _speaker_groups(groups: list, parser: _Parser) -> list[Message]:
+    """Speaker groups as alternating user/assistant turns (see the module docstring)."""
+    messages: list[Message] = []
+    senders: list[object] = []
+    for i, group in enumerate(groups):
+        where = f"`messages[{i}]`"
+        if not isinstance(group, list) or not group:
+            raise MalformedRow("bad_turn", f"{where} is not a non-empty list of utterances")
+        texts, sender = [], None
+        for j, utterance in enumerate(group):
+            if not isinstance(utterance, dict):
+                raise MalformedRow(
+                    "bad_turn", f"{where}[{j}] is {type(utterance).__name__}, not a mapping"
+                )
+            sender = utterance.get("sender", sender)
+            text = parser.content(utterance.get("text"), f"{where}[{j}].text", allow_empty=True)
+            if text:
+                texts.append(text)
+        if not texts:
+            continue  # a group of empty utterances says nothing
+        if senders and sender == senders[-1]:  # the same speaker again: one turn
+            messages[-1]["content"] += "\n" + "\n".join(texts)
+            continue
+        if sender not in senders[:2] and len(senders) >= 2 and sender is not None:
+            raise MalformedRow("unknown_role", f"{where}: a third speaker {sender!r}")
+        senders.append(sender)
+        role = "user" if len(messages) % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": "\n".join(texts)})
+    if not messages:
+        raise MalformedRow("empty_content", "`messages` holds no text")
+    return messages
+
+
 def _tools(value: Any) -> list[dict] | None:
     """The `tools` column: function definitions, as a list or a JSON string of one."""
     if value is None or value == "" or value == []:
@@ -270,8 +306,11 @@ def to_messages(
 ) -> list[Message]:
     """Detect the row's format and return its normalised messages."""
     parser = _Parser(non_text_parts, skipped)
-    if row.get("messages") is not None:
-        messages = parser.turns(row["messages"], "messages")
+    raw_messages = row.get("messages")
+    if isinstance(raw_messages, list) and raw_messages and isinstance(raw_messages[0], list):
+        messages = _speaker_groups(raw_messages, parser)
+    elif raw_messages is not None:
+        messages = parser.turns(raw_messages, "messages")
     elif row.get("conversations") is not None:
         messages = parser.turns(row["conversations"], "conversations")
     elif "instruction" in row and "output" in row:

@@ -18,9 +18,11 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.corpus.config import CorpusConfig, CorpusSourceConfig
 from pipeline.corpus.formats import MalformedRow, to_messages
+from pipeline.corpus.mixture import SourceCount, select
 from pipeline.corpus.records import Conversation, RowError, conversation_hash
 from pipeline.corpus.sources import RawRow, ResolvedSource
 from pipeline.logs import kv
@@ -38,6 +40,9 @@ class IngestStats:
     errors_by_reason: Counter = field(default_factory=Counter)
     default_domain: int = 0  # rows without a domain of their own, tagged with the default
     skipped_parts: Counter = field(default_factory=Counter)  # non-text parts dropped, by type
+    near_duplicates: int = 0
+    # Per source: available, quota, selected, near-duplicates, weight, licence (mixture.py).
+    by_source: dict[str, SourceCount] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,6 +53,10 @@ class Corpus:
 
     def by_domain(self) -> Counter:
         return Counter(c.domain for c in self.conversations)
+
+    def licences(self) -> dict[str, str]:
+        """Source name -> licence, for every source that states one (provenance)."""
+        return {n: c.licence for n, c in sorted(self.stats.by_source.items()) if c.licence}
 
 
 def _tag(value: object) -> str | None:
@@ -90,13 +99,35 @@ def _text_bytes(value: object, limit: int) -> int:
     return total
 
 
+def _all_sources(config: CorpusConfig) -> list[CorpusSourceConfig]:
+    """The configured sources, then the self-prompt file as one more source."""
+    sp = config.self_prompts
+    if sp is None:
+        return list(config.sources)
+    own = CorpusSourceConfig(
+        path=sp.path,
+        name=sp.name,
+        format="jsonl",
+        domain=sp.domain,
+        weight=sp.weight,
+        licence="written by the target (the target's licence applies)",
+    )
+    return [*config.sources, own]
+
+
 def resolve_sources(config: CorpusConfig) -> list[ResolvedSource]:
     """Every configured source with its files listed; one ConfigError naming the bad paths."""
     from pipeline.config import ConfigError
     from pipeline.corpus.sources import resolve
 
     resolved, problems = [], []
-    for i, source in enumerate(config.sources):
+    sp = config.self_prompts
+    if sp is not None and not Path(sp.path).exists():
+        raise ConfigError(
+            f"corpus.self_prompts.path: {sp.path}: no such file (`dspark-targets regenerate` "
+            "samples it first; or run `dspark-targets self-prompts --config C`)"
+        )
+    for i, source in enumerate(_all_sources(config)):
         try:
             resolved.append(resolve(source))
         except (FileNotFoundError, PermissionError, ValueError) as err:
@@ -123,14 +154,48 @@ def _source_rows(
             yield source.name, raw, source.config
 
 
-def _conversation(
+def windows(messages: list, max_exchanges: int | None) -> list[list]:
+    """The conversation cut into consecutive windows of at most `max_exchanges` exchanges
+    (a leading system message heads each); itself when shorter or when None."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    body = messages[len(system) :]
+    starts = [i for i, m in enumerate(body) if m["role"] == "user"]
+    if max_exchanges is None or len(starts) <= max_exchanges:
+        return [messages]
+    cuts = [0, *starts[max_exchanges::max_exchanges], len(body)]
+    return [system + body[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def _source_counts(
+    config: CorpusConfig, sources: list[ResolvedSource], stats: IngestStats
+) -> dict[str, float]:
+    """Every source's weight by name, in config order (synthetic first); their counts made."""
+    weights: dict[str, float] = {}
+    if config.synthetic is not None:
+        weights[f"synthetic-s{config.synthetic.seed}"] = 1.0
+        stats.by_source[f"synthetic-s{config.synthetic.seed}"] = SourceCount(licence="generated")
+    for source in sources:
+        if source.name in weights:
+            from pipeline.config import ConfigError
+
+            raise ConfigError(
+                f"corpus.sources: two sources are named {source.name!r}; give each a `name`"
+            )
+        weights[source.name] = source.config.weight
+        stats.by_source[source.name] = SourceCount(
+            weight=source.config.weight, licence=source.config.licence
+        )
+    return weights
+
+
+def _conversations(
     name: str,
     raw: RawRow,
     source: CorpusSourceConfig | None,
     config: CorpusConfig,
     stats: IngestStats,
-) -> Conversation:
-    """The row's conversation, or MalformedRow."""
+) -> list[Conversation]:
+    """The row's conversation (or its windows), or MalformedRow."""
     if raw.row is None:
         raise MalformedRow(raw.reason or "unparsable_row", raw.detail or "unreadable row")
     if raw.size is None and source is not None:  # parsed rows (Parquet, HF, JSON arrays)
@@ -141,27 +206,42 @@ def _conversation(
                 f"the row holds over {size} bytes of text, over max_row_bytes {config.max_row_bytes}",
             )
     skipped: Counter = Counter()
-    messages = to_messages(raw.row, non_text_parts=config.non_text_parts, skipped=skipped)
+    row = raw.row
+    if source is not None and source.prompt_column is not None:
+        if source.prompt_column not in row:
+            raise MalformedRow(
+                "unknown_format", f"no `{source.prompt_column}` column (prompt_column)"
+            )
+        row = {"prompt": row[source.prompt_column]}
+    messages = to_messages(row, non_text_parts=config.non_text_parts, skipped=skipped)
     if source is None:
         domain, defaulted = raw.row["domain"], False
     else:
         domain, defaulted = _domain(raw.row, source)
     stats.skipped_parts.update(skipped)
     stats.default_domain += defaulted
-    return Conversation(conversation_hash(messages), name, domain, tuple(messages), raw.location)
+    parts = windows(messages, source.max_exchanges if source is not None else None)
+    if len(parts) == 1:
+        return [
+            Conversation(conversation_hash(messages), name, domain, tuple(messages), raw.location)
+        ]
+    return [
+        Conversation(conversation_hash(part), name, domain, tuple(part), f"{raw.location}/w{k}")
+        for k, part in enumerate(parts)
+    ]
 
 
 def load_corpus(config: CorpusConfig) -> Corpus:
     """Read, normalise and deduplicate every configured source."""
     sources = resolve_sources(config)
-    conversations: list[Conversation] = []
+    by_source: dict[str, list[Conversation]] = {}
     errors: list[RowError] = []
     stats = IngestStats()
-    seen: set[str] = set()
+    weights, seen = _source_counts(config, sources, stats), set()
     for name, raw, source in _source_rows(config, sources):
         stats.rows += 1
         try:
-            conv = _conversation(name, raw, source, config, stats)
+            convs = _conversations(name, raw, source, config, stats)
         except Exception as err:
             if isinstance(err, MalformedRow):
                 reason, detail = err.reason, err.detail
@@ -171,23 +251,45 @@ def load_corpus(config: CorpusConfig) -> Corpus:
             errors.append(RowError(name, raw.location, reason, detail, raw.byte_offset))
             stats.errors_by_reason[reason] += 1
             continue
-        if conv.conversation_id in seen:
-            stats.duplicates += 1
-            continue
-        seen.add(conv.conversation_id)
-        conversations.append(conv)
+        for conv in convs:
+            if conv.conversation_id in seen:
+                stats.duplicates += 1
+                continue
+            seen.add(conv.conversation_id)
+            by_source.setdefault(name, []).append(conv)
+    conversations = select(
+        {name: by_source.get(name, []) for name in weights},
+        weights,
+        size=config.size,
+        seed=config.mixture_seed,
+        near_duplicates=config.near_duplicates,
+        counts=stats.by_source,
+    )
     stats.conversations = len(conversations)
+    stats.near_duplicates = sum(c.near_duplicates for c in stats.by_source.values())
     log.info(
         "corpus loaded %s",
         kv(
             rows=stats.rows,
             conversations=stats.conversations,
             duplicates=stats.duplicates,
+            near_duplicates=stats.near_duplicates,
             errors=sum(stats.errors_by_reason.values()),
             default_domain=stats.default_domain,
             skipped_parts=sum(stats.skipped_parts.values()),
         ),
     )
+    for name, count in stats.by_source.items():
+        if count.quota is not None and count.selected < count.quota:
+            log.warning(
+                "corpus source short of its share %s",
+                kv(
+                    source=name,
+                    quota=count.quota,
+                    selected=count.selected,
+                    available=count.available,
+                ),
+            )
     for reason, count in sorted(stats.errors_by_reason.items()):
         log.warning("malformed rows %s", kv(reason=reason, count=count))
     return Corpus(conversations, errors, stats)

@@ -5,7 +5,9 @@ skipped in bounded chunks); each line is decoded and parsed on its own, so an
 undecodable line is one record, not the end of the file. A UTF-8 byte-order mark
 (at the start of the file, or of a file concatenated onto another) and CRLF line
 ends are accepted; a UTF-16 file is one `unsupported_encoding` record. A `.json`
-file whose first byte is `[` is a JSON array document (Alpaca style), read whole.
+file whose first byte is `[` is a JSON array document (Alpaca style), read whole;
+a source with `format: json_object` is one JSON object whose values are the rows,
+keyed by id (the Chit Chat Challenge layout), also read whole.
 Exceptions raised while reading a file (truncated or corrupt compression) are
 left to the caller, which turns them into one record per file (sources.py).
 """
@@ -132,6 +134,50 @@ def _json_array(where: str, data: bytes) -> Iterator[RawRow]:
         else:
             yield RawRow(
                 f"{where}#{index}",
+                None,
+                "not_an_object",
+                f"a JSON {type(row).__name__}, not an object",
+            )
+
+
+def read_json_object_file(storage, key: str, progress: ReadProgress) -> Iterator[RawRow]:
+    """A whole-file JSON object of rows keyed by id: one row per value, located `path#key`."""
+    where = storage.url(key)
+    with storage.open_read(key) as raw:
+        data = _decompressed(raw, key).read()
+    progress.offset = len(data)
+    if data.startswith(_BOM):
+        data = data[3:]
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        yield RawRow(
+            f"{where}:1", None, "invalid_utf8", f"byte offset {err.start} is not UTF-8", err.start
+        )
+        return
+    except RecursionError:
+        yield RawRow(
+            f"{where}:1", None, "too_deeply_nested", "the JSON object is nested too deeply", 0
+        )
+        return
+    except ValueError as err:
+        yield RawRow(
+            f"{where}:1", None, "unparsable_row", f"the JSON object does not parse: {err}", 0
+        )
+        return
+    if not isinstance(document, dict):
+        yield RawRow(
+            f"{where}:1", None, "not_an_object",
+            f"format json_object needs one JSON object of rows keyed by id, not a {type(document).__name__}", 0,
+        )  # fmt: skip
+        return
+    for row_key, row in document.items():
+        progress.rows += 1
+        if isinstance(row, dict):
+            yield RawRow(f"{where}#{row_key}", row)
+        else:
+            yield RawRow(
+                f"{where}#{row_key}",
                 None,
                 "not_an_object",
                 f"a JSON {type(row).__name__}, not an object",

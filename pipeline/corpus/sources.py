@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.corpus.config import CorpusSourceConfig
-from pipeline.corpus.jsonl import JSONL_SUFFIXES, read_jsonl_file
+from pipeline.corpus.jsonl import JSONL_SUFFIXES, read_json_object_file, read_jsonl_file
 from pipeline.corpus.records import RawRow, ReadProgress
 
 log = logging.getLogger(__name__)
 
 PARQUET_SUFFIXES = (".parquet",)
-_SUFFIXES = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}
+_SUFFIXES = {"jsonl": JSONL_SUFFIXES, "json_object": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES}
 _PARQUET_BATCH_BYTES = 64 << 20  # decoded bytes per Parquet batch, so big rows come few at a time
 
 
@@ -45,7 +45,7 @@ class ResolvedSource:
 
     config: CorpusSourceConfig
     name: str
-    format: str  # jsonl | parquet | hf
+    format: str  # jsonl | json_object | parquet | hf
     storage: Any = None  # pipeline.storage.Storage of the files' folder (not for hf)
     keys: tuple[str, ...] = ()
 
@@ -55,13 +55,17 @@ def in_package(source: CorpusSourceConfig) -> CorpusSourceConfig:
     if not source.path.startswith("package:"):
         return source
     module, _, rel = source.path.removeprefix("package:").partition("/")
-    from importlib.resources import files
+    from importlib.util import find_spec
 
-    try:
-        root = files(module)
-    except ModuleNotFoundError:
-        raise SourceNotFound(f"{source.path}: package {module!r} is not installed") from None
-    return source.model_copy(update={"path": str(root / rel), "name": source_name(source)})
+    # Located, never imported: a data package's own imports (and their dependencies,
+    # which a data-only install leaves out) play no part in reading its files.
+    spec = find_spec(module) if module.isidentifier() else None
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not roots:
+        raise SourceNotFound(f"{source.path}: package {module!r} is not installed")
+    return source.model_copy(
+        update={"path": str(Path(roots[0]) / rel), "name": source_name(source)}
+    )
 
 
 def source_name(source: CorpusSourceConfig) -> str:
@@ -242,6 +246,10 @@ def _read_files(resolved: ResolvedSource, max_row_bytes: int) -> Iterator[RawRow
                 read_jsonl_file(resolved.storage, key, max_row_bytes, progress),
                 progress,
                 "line",
+            )
+        elif resolved.format == "json_object":
+            yield from _guarded(
+                where, read_json_object_file(resolved.storage, key, progress), progress, "row"
             )
         else:
             yield from _guarded(

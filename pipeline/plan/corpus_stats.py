@@ -15,6 +15,7 @@ as the run records them as errors.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from pipeline.plan.inputs import CorpusStats, TargetStats
@@ -63,7 +64,9 @@ def measure_corpus(config: PipelineConfig, max_rendered: int = MAX_RENDERED) -> 
     rows = dropped = 0
     prompt_total = answer_total = 0
     eos = 1  # the end-of-turn token the target emits and the row keeps
+    per_source: dict[str, list[int]] = {}  # source -> [rows, prompt tokens, answer tokens]
     for conv in sample:
+        tally = per_source.setdefault(conv.source, [0, 0, 0])
         messages = list(conv.messages)
         for turn in answer_turns(messages, turns_setting):
             prompt = render_prompt(tokenizer, prompt_messages(messages, turn, None))
@@ -79,6 +82,9 @@ def measure_corpus(config: PipelineConfig, max_rendered: int = MAX_RENDERED) -> 
             rows += 1
             prompt_total += len(prompt)
             answer_total += min(len(ids) + eos, budget)
+            tally[0] += 1
+            tally[1] += len(prompt)
+            tally[2] += min(len(ids) + eos, budget)
     if not rows:
         raise ValueError("no row of the corpus fits target.max_model_len: nothing to plan")
     scale = len(conversations) / len(sample)
@@ -89,11 +95,29 @@ def measure_corpus(config: PipelineConfig, max_rendered: int = MAX_RENDERED) -> 
         prompt_tokens=prompt_total / rows,
         answer_tokens=answer_total / rows,
         num_dropped=round(dropped * scale),
+        by_source=_by_source(corpus, per_source, scale),
         source=(
             f"read from the corpus ({len(conversations)} conversations{sampled}; "
             "answers: the corpus' reference answers)"
         ),
     )
+
+
+def _by_source(corpus, per_source: dict[str, list[int]], scale: float) -> dict[str, dict]:
+    """Per source: conversations, rows, mean prompt/answer tokens, weight and licence."""
+    convs = Counter(c.source for c in corpus.conversations)
+    out = {}
+    for name, count in corpus.stats.by_source.items():
+        n_rows, prompt, answer = per_source.get(name, [0, 0, 0])
+        out[name] = {
+            "conversations": convs.get(name, 0),
+            "rows": round(n_rows * scale),
+            "prompt_tokens": round(prompt / n_rows, 1) if n_rows else None,
+            "answer_tokens": round(answer / n_rows, 1) if n_rows else None,
+            "weight": count.weight,
+            "licence": count.licence,
+        }
+    return out
 
 
 def _reference_answer(messages: list[dict[str, Any]], turn: int) -> str:

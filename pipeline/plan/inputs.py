@@ -31,6 +31,9 @@ class CorpusStats(ConfigModel):
     # their conversation); already excluded from num_samples.
     num_dropped: int = Field(0, ge=0)
     source: str = "given"
+    # Per corpus source (measured only): conversations, rows, mean prompt and answer
+    # tokens, weight, licence.
+    by_source: dict[str, dict] = Field(default_factory=dict)
 
 
 class TargetStats(ConfigModel):

@@ -194,6 +194,23 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
     return rows
 
 
+def source_table(by_source: dict[str, dict]) -> list[str]:
+    """Per corpus source: conversations, rows, mean tokens (answers: the corpus' own), licence."""
+    width = max(len(name) for name in by_source) + 2
+    lines = [
+        "corpus sources (tokens: mean per row; answers are the corpus' reference answers)",
+        f"  {'source':<{width}}{'convs':>8}{'rows':>8}{'prompt':>9}{'answer':>9}  licence",
+    ]
+    for name, s in by_source.items():
+        prompt = "-" if s["prompt_tokens"] is None else f"{s['prompt_tokens']:.0f}"
+        answer = "-" if s["answer_tokens"] is None else f"{s['answer_tokens']:.0f}"
+        lines.append(
+            f"  {name:<{width}}{s['conversations']:>8,}{s['rows']:>8,}{prompt:>9}{answer:>9}"
+            f"  {s.get('licence') or 'not stated'}"
+        )
+    return lines
+
+
 def capacity_table(report: Any) -> str:
     lines = [f"capacity plan for {report.config_source}"]
     if report.capacity is not None:
@@ -218,6 +235,8 @@ def capacity_table(report: Any) -> str:
         if report.capacity.warnings:
             lines.append("warnings")
             lines += [f"  - {w}" for w in report.capacity.warnings]
+    if report.corpus is not None and report.corpus.by_source:
+        lines += source_table(report.corpus.by_source)
     if report.missing:
         lines.append("not computed, for want of")
         lines += [f"  - {m}" for m in report.missing]

@@ -57,7 +57,9 @@ def generation_record(config: PipelineConfig) -> dict[str, Any]:
     return record
 
 
-def build_provenance(config: PipelineConfig, corpus_version: str) -> Provenance:
+def build_provenance(
+    config: PipelineConfig, corpus_version: str, corpus_sources: dict[str, str] | None = None
+) -> Provenance:
     """Target identity (weights, tokenizer/template), layers, codec, generation, versions."""
     from pipeline.shards.schema import Provenance
     from pipeline.targets.identity import tokenizer_hash, weights_revision
@@ -75,16 +77,19 @@ def build_provenance(config: PipelineConfig, corpus_version: str) -> Provenance:
         corpus_version=corpus_version,
         code_version=code_version(),
         generation=generation_record(config),
+        corpus_sources=dict(corpus_sources or {}),
     )
 
 
 def run_identity(provenance: Provenance, min_answer_tokens: int) -> dict[str, Any]:
     """Everything that determines a unit's output, for the unit-id fingerprint.
 
-    Code and corpus versions are left out: a new commit or a grown corpus must
-    not change the ids of units whose members and settings are unchanged.
+    Code and corpus versions (and the corpus' licences) are left out: a new commit or a
+    grown corpus must not change the ids of units whose members and settings are unchanged.
     """
     identity = {
-        k: v for k, v in provenance.to_dict().items() if k not in ("code_version", "corpus_version")
+        k: v
+        for k, v in provenance.to_dict().items()
+        if k not in ("code_version", "corpus_version", "corpus_sources")
     }
     return {"provenance": identity, "min_answer_tokens": min_answer_tokens}

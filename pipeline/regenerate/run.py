@@ -73,6 +73,10 @@ def _start(
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.sink import DatasetSink
 
+    if config.corpus.self_prompts is not None:  # before the lease: it runs the target once
+        from pipeline.corpus.self_prompts import ensure_self_prompts
+
+        ensure_self_prompts(config.corpus.self_prompts, config.target)
     dataset = Dataset.open(config.output.uri, endpoint_url=config.output.endpoint_url)
     mode = "refresh" if refresh else "regenerate"
     session = WriteSession(dataset, owner=f"{config.name} {mode}").start(wait_s=lease_wait_s)

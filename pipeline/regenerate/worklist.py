@@ -55,7 +55,7 @@ def plan_against(config: PipelineConfig, dataset: Dataset, *, refresh: bool) -> 
 
     cfg = config.regenerate
     corpus = load_corpus(config.corpus)
-    provenance = build_provenance(config, corpus_version(corpus.conversations))
+    provenance = build_provenance(config, corpus_version(corpus.conversations), corpus.licences())
     fingerprint = run_fingerprint(run_identity(provenance, cfg.min_answer_tokens))
     latest = dataset.latest_version()
     manifest = dataset.manifest(latest) if latest is not None else None

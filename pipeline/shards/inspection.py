@@ -47,11 +47,22 @@ class VersionSummary:
 
 
 @dataclass(frozen=True)
+class SourceSummary:
+    """One corpus source in a version: live rows and mean tokens per row."""
+
+    rows: int
+    prompt_tokens: float
+    answer_tokens: float
+
+
+@dataclass(frozen=True)
 class InspectReport:
     uri: str
     latest: int | None
     versions: tuple[VersionSummary, ...]
     manifest: Manifest | None  # of the version inspected in detail
+    # Per source, read from the shards' small columns (None: not asked for).
+    sources: dict[str, SourceSummary] | None = None
 
     def to_text(self) -> str:
         if self.manifest is None:
@@ -81,10 +92,25 @@ class InspectReport:
                 "  samples by domain: "
                 + ", ".join(f"{k}={n}" for k, n in sorted(m.totals.by_domain.items()))
             )
+            licences = m.provenance.corpus_sources
+            lines.append(
+                "  samples by source: "
+                + ", ".join(
+                    f"{k}={n}" + (f" ({licences[k]})" if k in licences else "")
+                    for k, n in sorted(m.totals.by_source.items())
+                )
+            )
             dropped = m.totals.stored_rows - m.totals.rows
             if dropped:
                 lines.append(
                     f"  tombstoned rows (kept in their files, skipped by readers): {dropped}"
+                )
+        if self.sources:
+            width = max(len(k) for k in self.sources) + 2
+            lines.append(f"  {'source':<{width}}{'rows':>8}{'prompt tok':>12}{'answer tok':>12}")
+            for name, src in sorted(self.sources.items()):
+                lines.append(
+                    f"  {name:<{width}}{src.rows:>8}{src.prompt_tokens:>12.1f}{src.answer_tokens:>12.1f}"
                 )
         lines.append(
             f"  {'shard':<40} {'rows':>7} {'tokens':>10} {'bytes':>12} {'B/token':>9} codec"
@@ -106,8 +132,32 @@ class InspectReport:
         return "\n".join(lines)
 
 
+def source_summaries(dataset: Dataset, manifest: Manifest) -> dict[str, SourceSummary]:
+    """Live rows and mean prompt/answer tokens per source: only the small columns are read."""
+    from pipeline.shards.reader import open_shard, read_row_group
+
+    tally: dict[str, list[int]] = {}
+    columns = ["sample_id", "source", "num_prompt_tokens", "num_generated_tokens"]
+    for entry in manifest.shards:
+        dropped = frozenset(entry.dropped)
+        pf, _ = open_shard(dataset, entry)
+        with pf:
+            for g in range(pf.metadata.num_row_groups):
+                table = read_row_group(pf, g, dataset.shard_url(entry), columns).to_pydict()
+                for sid, src, p, a in zip(*(table[c] for c in columns), strict=True):
+                    if sid in dropped:
+                        continue
+                    t = tally.setdefault(src, [0, 0, 0])
+                    t[0], t[1], t[2] = t[0] + 1, t[1] + p, t[2] + a
+    return {k: SourceSummary(n, p / n, a / n) for k, (n, p, a) in tally.items() if n}
+
+
 def inspect_dataset(
-    uri: str, *, version: int | None = None, endpoint_url: str | None = None
+    uri: str,
+    *,
+    version: int | None = None,
+    endpoint_url: str | None = None,
+    sources: bool = False,
 ) -> InspectReport:
     dataset = Dataset.open(uri, endpoint_url=endpoint_url)
     latest = dataset.latest_version()
@@ -131,7 +181,9 @@ def inspect_dataset(
                 bool(body.get("commit", {}).get("complete")),
             )
         )
-    return InspectReport(dataset.uri, latest, tuple(summaries), dataset.manifest(version or latest))
+    manifest = dataset.manifest(version or latest)
+    per_source = source_summaries(dataset, manifest) if sources else None
+    return InspectReport(dataset.uri, latest, tuple(summaries), manifest, per_source)
 
 
 # --------------------------------------------------------------------------- verify

@@ -60,6 +60,9 @@ class Provenance:
     generation: dict[str, Any] = field(default_factory=dict)
     layer_convention: str = VLLM_AUX_CONVENTION
     last_hidden_state: str = "after final norm"
+    # Corpus source name -> the licence its config states (the `source` column names a
+    # sample's source); like corpus_version, outside the lineage: a grown corpus continues it.
+    corpus_sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("target_name", "target_revision", "tokenizer_hash", "codec"):
