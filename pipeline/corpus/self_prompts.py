@@ -29,6 +29,10 @@ from pipeline.logs import kv
 log = logging.getLogger(__name__)
 
 _SENTINEL = "\u2063SELF-PROMPT\u2063"  # a string no template emits, to find the user slot
+# Requests per engine call. Small enough that one step prefills them all: vLLM 0.32's
+# CPU runner fails a seeded request whose prefill is split over steps ("CPU Generator
+# does not use offset"), and a seeded request is what makes the file reproducible.
+SAMPLE_BATCH = 64
 
 
 class SelfPromptsConfig(ConfigModel):
@@ -93,7 +97,7 @@ def synthesize(tokenizer, backend, config: SelfPromptsConfig) -> list[dict]:
     rows: list[dict] = []
     tried = 0
     while len(rows) < config.num_prompts and tried < budget:
-        batch = min(budget - tried, max(64, 2 * (config.num_prompts - len(rows))))
+        batch = min(budget - tried, SAMPLE_BATCH)
         requests = [
             GenerationRequest(f"self-{config.seed}-{tried + i:07d}", prefix) for i in range(batch)
         ]
@@ -107,6 +111,10 @@ def synthesize(tokenizer, backend, config: SelfPromptsConfig) -> list[dict]:
             if text is None or index.offer(gen.request_id, [text]) is not None:
                 continue
             rows.append({"prompt": text, "id": gen.request_id})
+        if (tried // SAMPLE_BATCH) % 8 == 0:
+            log.info(
+                "self prompts %s", kv(accepted=len(rows), of=config.num_prompts, sampled=tried)
+            )
     log.info(
         "self prompts %s",
         kv(accepted=len(rows), asked=config.num_prompts, sampled=tried),

@@ -87,13 +87,22 @@ def run_demo(
     }
 
 
-def demo_config(config_path: Path, out_dir: Path, num_conversations: int | None = None):
-    """A demo's regeneration config, writing `<out_dir>/dataset` (and `num_conversations`)."""
+def demo_config(
+    config_path: Path, out_dir: Path, num_conversations: int | None = None, **overrides
+):
+    """A demo's regeneration config, writing `<out_dir>/dataset`; `num_conversations` sets
+    the synthetic corpus' size, or the mixture's (`corpus.size`) where there is one."""
     from pipeline.regenerate.config import load_config
 
-    overrides: dict = {"output.uri": str(out_dir / "dataset")}
+    overrides = {"output.uri": str(out_dir / "dataset"), **overrides}
     if num_conversations:
-        overrides["corpus.synthetic.num_conversations"] = num_conversations
+        config = load_config(config_path, overrides=overrides)
+        key = (
+            "corpus.size"
+            if config.corpus.size is not None
+            else "corpus.synthetic.num_conversations"
+        )
+        overrides[key] = num_conversations
     return load_config(config_path, overrides=overrides)
 
 

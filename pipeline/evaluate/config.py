@@ -28,6 +28,13 @@ class EvalDataConfig(ConfigModel):
     heldout_fraction: float | None = Field(None, gt=0.0, lt=1.0)
     # Keep only these domains; empty keeps all.
     domains: list[str] = Field(default_factory=list)
+    # Keep only these corpus sources (empty: all), or leave these out.
+    sources: list[str] = Field(default_factory=list)
+    exclude_sources: list[str] = Field(default_factory=list)
+    # heldout: the held-out split by sample-id hash. all: every row of `sources`, which
+    # every trained draft must have left out of training (its data.exclude_sources):
+    # the out-of-source figures.
+    split: Literal["heldout", "all"] = "heldout"
     # Cap on held-out samples (in dataset order); None: all.
     max_samples: int | None = Field(None, gt=0)
     # The offline T=0 walk is exact acceptance only on the target's greedy output
@@ -35,6 +42,14 @@ class EvalDataConfig(ConfigModel):
     # other data is refused unless this is true, and then the report calls its
     # T=0 tau teacher-forced agreement.
     report_as_teacher_forced: bool = False
+
+    @model_validator(mode="after")
+    def _all_needs_sources(self) -> EvalDataConfig:
+        if self.split == "all" and not self.sources:
+            raise ValueError(
+                "split: all evaluates every row of `sources`: name the source(s) left out of training"
+            )
+        return self
 
 
 class DraftEntry(ConfigModel):

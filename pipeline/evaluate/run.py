@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,10 @@ class EvalResult:
     json_path: Path
     markdown_path: Path
     plots: dict[str, Path]
+    # With a source left out of training (demo_report's `left_out`): the same drafts on
+    # every sample of it, and per draft held-out / left-out tau and their ratio.
+    left_out: EvalResult | None = None
+    generalisation: dict[str, dict] | None = None
 
     @property
     def ok(self) -> bool:
@@ -107,6 +112,19 @@ def _heldout_fraction(config: EvalConfig, train_configs: dict[str, dict]) -> flo
     return frac
 
 
+def _check_left_out(config: EvalConfig, train_configs: dict[str, dict]) -> None:
+    """split: all reads rows no draft may have trained on: each left the sources out."""
+    wanted = set(config.data.sources)
+    for name, tc in train_configs.items():
+        left_out = set(tc.get("data", {}).get("exclude_sources", []))
+        if not wanted <= left_out:
+            raise ValueError(
+                f"data.split: all evaluates every row of sources {sorted(wanted)}, but draft "
+                f"{name!r} trained on {sorted(wanted - left_out)} (its data.exclude_sources is "
+                f"{sorted(left_out)}): evaluate its held-out split instead, or retrain without them"
+            )
+
+
 def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict, target_dir: Path):
     """(held-out samples, data description) after the provenance and leakage checks."""
     from pipeline.shards.manifest import Dataset
@@ -120,6 +138,8 @@ def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict
             )
         uri = uris[0]
     frac = _heldout_fraction(config, train_configs)
+    if config.data.split == "all":
+        _check_left_out(config, train_configs)
     dataset = Dataset.open(uri, endpoint_url=config.data.endpoint_url)
     version = dataset.manifest(config.data.version).version  # the latest, if unset
     with dataset.pinned(version, "evaluate"):  # gc keeps it while it is read
@@ -138,6 +158,8 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
         version=version,
         endpoint_url=config.data.endpoint_url,
         domains=config.data.domains,
+        sources=config.data.sources,
+        exclude_sources=config.data.exclude_sources,
         heldout_fraction=frac,
         max_seq_len=MAX_SEQ_LEN,
     )
@@ -157,18 +179,24 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
             "generation.temperature: 0 and a lossless codec (output.codec: bf16), or set "
             "data.report_as_teacher_forced: true to report its tau as teacher-forced agreement"
         )
-    refs = (
-        data.heldout_rows[: config.data.max_samples]
-        if config.data.max_samples
-        else data.heldout_rows
+    rows = (
+        data.heldout_rows if config.data.split == "heldout" else data.heldout_rows + data.train_rows
     )
+    refs = rows[: config.data.max_samples] if config.data.max_samples else rows
     if not refs:
-        raise ValueError(f"{data.where}: no held-out samples at heldout_fraction {frac}")
+        what = (
+            f"at heldout_fraction {frac}"
+            if config.data.split == "heldout"
+            else f"of sources {config.data.sources}"
+        )
+        raise ValueError(f"{data.where}: no samples to evaluate {what}")
     samples = data.decode(refs)
     info = {
         "uri": str(uri),
         "version": data.manifest.version,
         "heldout_fraction": frac,
+        "split": config.data.split,
+        "sources": sorted({s.source for s in samples}),
         "num_samples": len(samples),
         # The layers the dataset captured: the samples' hidden_states columns, in order.
         "aux_layer_ids": list(prov.aux_layer_ids),
@@ -472,6 +500,7 @@ def demo_report(
     eagle3: str | Path | None = None,
     vllm: bool = False,
     live_prompts: int = 0,
+    left_out: Sequence[str] = (),
     print_fn=print,
 ) -> EvalResult:
     """The evaluation step of `make demo`: evaluate the demo's drafts, print table + plot paths.
@@ -479,7 +508,9 @@ def demo_report(
     `dspark`: the demo's training run directory (or an export). Rows: the
     DSpark draft, its backbone alone (what vLLM's CPU build serves), the DFlash
     and EAGLE-3 drafts that are given (only drafts that were trained), and an
-    untrained copy (the floor).
+    untrained copy (the floor). `left_out`: corpus sources every draft was trained
+    without; the held-out split then excludes them, a second evaluation reads every
+    sample of them, and a table gives each draft's tau on both and their ratio.
     """
     from pipeline.drafts.load import draft_target
     from pipeline.evaluate.config import parse_eval_config
@@ -500,7 +531,24 @@ def demo_report(
         data["live"] = {"temperatures": [1.0], "num_prompts": live_prompts, "max_new_tokens": 96}
     if vllm:
         data["vllm"] = {"draft": "DSpark", "num_prompts": 6}
+    if left_out:
+        data["data"] = {"exclude_sources": list(left_out)}
     result = run_evaluation(parse_eval_config(data, "demo_report"))
     for line in result.lines():
         print_fn(line)
+    if not left_out:
+        return result
+    from pipeline.evaluate.generalisation import generalisation, generalisation_table
+
+    other = {
+        **data,
+        "drafts": [d for d in drafts if not d.get("untrained")],
+        "out_dir": str(Path(out_dir) / "left-out"),
+        "data": {"sources": list(left_out), "split": "all"},
+    }
+    other.pop("live", None)
+    other.pop("vllm", None)
+    result.left_out = run_evaluation(parse_eval_config(other, "demo_report"))
+    result.generalisation = generalisation(result.report, result.left_out.report)
+    print_fn(generalisation_table(result.generalisation, list(left_out)))
     return result

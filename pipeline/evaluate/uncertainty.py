@@ -119,3 +119,34 @@ def ratio_interval(
     ratios = _macro(acc_a, rnd_a, draws) / _macro(acc_b, rnd_b, draws)
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return point, float(lo), float(hi)
+
+
+def unpaired_ratio_interval(
+    num: PerSample,
+    den: PerSample,
+    *,
+    level: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(ratio, lo, hi) of macro tau num / den over two different sample sets (e.g. a
+    source left out of training over the held-out split): each resampled on its own,
+    stratified by domain."""
+    sides = []
+    for k, side in enumerate((num, den)):
+        acc, rounds = np.asarray(side.accepted), np.asarray(side.rounds)
+        by: dict[str, list[int]] = {}
+        for i, d in enumerate(side.domain):
+            by.setdefault(d, []).append(i)
+        if not by:
+            raise ValueError("a side of the ratio has no evaluated sample")
+        full = [np.asarray(v)[None] for _, v in sorted(by.items())]
+        strata = _strata(side.domain)
+        draws = None if strata is None else _draws(strata, resamples, seed + k)
+        sides.append((acc, rounds, full, draws))
+    point = float(_macro(*sides[0][:2], sides[0][2])[0] / _macro(*sides[1][:2], sides[1][2])[0])
+    if sides[0][3] is None or sides[1][3] is None:
+        return point, float("nan"), float("nan")
+    ratios = _macro(*sides[0][:2], sides[0][3]) / _macro(*sides[1][:2], sides[1][3])
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return point, float(lo), float(hi)

@@ -109,7 +109,9 @@ def truncate(sample: TrainingSample, max_len: int | None) -> TrainingSample:
 class DatasetSplit:
     """One dataset version opened for reading samples: checks, split, row index, decoding.
 
-    `domains` keeps only those domains (empty: all); `heldout_fraction` is the
+    `domains` keeps only those domains (empty: all), `sources` only those corpus
+    sources (empty: all) and `exclude_sources` leaves those out (a source left out of
+    training, to measure on it alone: a leave-one-source-out split); `heldout_fraction` is the
     share of sample ids held out; `max_seq_len` cuts longer samples (None: no
     limit); `allow_empty` accepts a version without shards (a following run).
     Decoding gives every captured layer until `read_layers` names a subset."""
@@ -121,11 +123,14 @@ class DatasetSplit:
         version: int | None = None,
         endpoint_url: str | None = None,
         domains: list[str] | tuple[str, ...] = (),
+        sources: list[str] | tuple[str, ...] = (),
+        exclude_sources: list[str] | tuple[str, ...] = (),
         heldout_fraction: float = 0.0,
         max_seq_len: int | None = None,
         allow_empty: bool = False,
     ) -> None:
         self.domains = tuple(domains)
+        self.sources, self.exclude_sources = tuple(sources), frozenset(exclude_sources)
         self.heldout_fraction = heldout_fraction
         self.max_seq_len = max_seq_len
         self.layers: tuple[int, ...] | None = None  # aux ids decode keeps (None: all captured)
@@ -210,9 +215,10 @@ class DatasetSplit:
 
     def _shard_rows(self, s: int) -> tuple[list[list[RowRef]], list[RowRef]]:
         """Shard `s`'s training rows (one list per row group) and held-out rows; rows
-        its version tombstones and other domains are left out (only ids are read)."""
+        its version tombstones, other domains and sources are left out (only ids are read)."""
         entry = self.entries[s]
         domains = set(self.domains) if self.domains else None
+        sources = set(self.sources) if self.sources else None
         dropped = frozenset(entry.dropped)  # rows this version tombstones: never read
         groups: list[list[RowRef]] = []
         heldout: list[RowRef] = []
@@ -220,12 +226,18 @@ class DatasetSplit:
         url = self.dataset.shard_url(entry)
         with pf:
             for g in range(pf.metadata.num_row_groups):
-                keys = read_row_group(pf, g, url, ["sample_id", "domain"])
+                keys = read_row_group(pf, g, url, ["sample_id", "domain", "source"])
                 ids = keys.column("sample_id").to_pylist()
                 doms = keys.column("domain").to_pylist()
+                srcs = keys.column("source").to_pylist()
                 group = []
-                for r, (sid, dom) in enumerate(zip(ids, doms, strict=True)):
-                    if sid in dropped or (domains is not None and dom not in domains):
+                for r, (sid, dom, src) in enumerate(zip(ids, doms, srcs, strict=True)):
+                    if (
+                        sid in dropped
+                        or (domains is not None and dom not in domains)
+                        or (sources is not None and src not in sources)
+                        or src in self.exclude_sources
+                    ):
                         continue
                     ref = RowRef(s, g, r, sid)
                     (heldout if is_heldout(sid, self.heldout_fraction) else group).append(ref)

@@ -234,6 +234,9 @@ class TrainDataConfig(ConfigModel):
     endpoint_url: str | None = None
     # Keep only these domains; empty keeps all.
     domains: list[str] = Field(default_factory=list)
+    # Corpus sources training never sees (a source left out, to measure the draft on
+    # prompts from a source it never saw: evaluate's `data.split: all`).
+    exclude_sources: list[str] = Field(default_factory=list)
     # Share of sample ids (by hash) held out for evaluation; training never sees them.
     heldout_fraction: float = Field(0.02, ge=0.0, lt=1.0)
     # Anchors per sequence, drawn among loss-mask positions, reseeded every epoch.

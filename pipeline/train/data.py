@@ -68,6 +68,7 @@ class TrainingData(DatasetSplit):
             version=cfg.version,
             endpoint_url=cfg.endpoint_url,
             domains=cfg.domains,
+            exclude_sources=cfg.exclude_sources,
             heldout_fraction=cfg.heldout_fraction,
             max_seq_len=cfg.max_seq_len,
             allow_empty=cfg.follow,
