@@ -1,7 +1,9 @@
-"""Drafts on the real target: acceptance length at T=0 and T=1 (real_P6) and serving speed.
+"""Drafts on the real target: acceptance length at T=0 and T=1 (real_P6) and serving speed,
+on the held-out split of the training mixture and on a source left out of training.
 
     .venv/bin/python bench/real_target.py [--data DIR] [--steps 400] [--live-prompts 24]
-        [--serve-prompts 16] [--no-serve] [--work DIR] [--set KEY=VALUE ...]
+        [--serve-prompts 16] [--serve-concurrency 1 4 16] [--no-serve] [--work DIR]
+        [--set KEY=VALUE ...]
 
 The real target is SmolLM2-135M-Instruct (`make setup-real`; docs/targets.md).
 Its dataset is `--data` (a version regenerated with
@@ -27,7 +29,15 @@ sweep, with the T=0 identity check. Figures: `real_tau_*`, `real_P6`
 (DSpark / DFlash macro tau, T=0) and `real_P6_T1` with paired bootstrap
 intervals, each draft's training seconds per step and tokens/s, and the
 serving figures keyed `real_serve_*` as bench/serve.py names them, its plot
-in bench/figures/real_serve_curve.png. Results merge into bench/results.json
+in bench/figures/real_serve_curve.png.
+
+Every draft trains without the source left out (REAL_LEFT_OUT, the configs'
+`data.exclude_sources`); a second `evaluate` run reads every sample of that
+source (`data.split: all`): its T=0 tau per draft (`real_tau_T0_left_out`), each
+draft's generalisation ratio left-out / held-out (`real_ood_tau_ratio_<draft>`,
+unpaired bootstrap: docs/evaluate.md) and, served on its prompts at one request
+in flight, end-to-end speedups (`real_serve_ood_*`, `real_serve_ood_e2e_best`
+with a paired bootstrap over prompts). Results merge into bench/results.json
 and this bench's sections of bench/RESULTS.md are replaced.
 """
 
@@ -98,6 +108,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--live-prompts", type=int, default=24, help="T=1 prompts (0: skip)")
     parser.add_argument("--serve-prompts", type=int, default=16)
+    parser.add_argument(
+        "--serve-concurrency", type=int, nargs="+", default=[1, 4, 16], help="held-out prompts"
+    )
     parser.add_argument("--max-tokens", type=int, default=128, help="serving: tokens a request")
     parser.add_argument("--no-serve", action="store_true")
     parser.add_argument("--work", type=Path, default=None, help="work here and keep it")
@@ -107,8 +120,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from pipeline.config import parse_overrides
-    from pipeline.demo.real import REAL_DRAFTS
+    from pipeline.demo.real import REAL_DRAFTS, REAL_LEFT_OUT
     from pipeline.evaluate.config import parse_eval_config
+    from pipeline.evaluate.generalisation import generalisation
     from pipeline.evaluate.run import run_evaluation
     from pipeline.evaluate.serving_report import plot_serving, serving_markdown
     from pipeline.evaluate.uncertainty import PerSample, ratio_interval
@@ -128,7 +142,7 @@ def main() -> None:
         config = dict(
             target="smollm2-135m-instruct",
             out_dir=str(work / "eval"),
-            data=dict(uri=data),
+            data=dict(uri=data, exclude_sources=list(REAL_LEFT_OUT)),
             drafts=drafts,
             calibration=dict(store=False),
         )
@@ -141,10 +155,21 @@ def main() -> None:
                 drafts=[dict(name=n) for n in REAL_DRAFTS],
                 num_prompts=args.serve_prompts,
                 max_tokens=args.max_tokens,
-                concurrency=[1, 4, 16],
+                concurrency=args.serve_concurrency,
                 identity=dict(num_prompts=4),
             )
         result = run_evaluation(parse_eval_config(config, "bench/real_target.py"))
+        # The source left out of training: every sample of it, T=0, and served single-stream.
+        ood_config = {
+            **config,
+            "out_dir": str(work / "eval-left-out"),
+            "data": dict(uri=data, sources=list(REAL_LEFT_OUT), split="all"),
+            "drafts": [d for d in drafts if not d.get("untrained")],
+        }
+        ood_config.pop("live", None)
+        if "serving" in config:
+            ood_config["serving"] = {**config["serving"], "concurrency": [1]}
+        ood = run_evaluation(parse_eval_config(ood_config, "bench/real_target.py")).report
         report, md = result.report, result.markdown_path.read_text()
         FIGURES.mkdir(exist_ok=True)
         plots = {}
@@ -182,6 +207,8 @@ def main() -> None:
         }
 
     t0 = {n: d["offline_t0"]["tau_macro"] for n, d in rows.items() if d.get("offline_t0")}
+    gen = generalisation(report, ood)
+    ood_figures = ood_keys(gen, ood, REAL_LEFT_OUT)
     t1 = {n: d["live"]["1.0"]["tau_macro"] for n, d in rows.items() if d.get("live", {}).get("1.0")}
     p6, p6_t1 = compare("DSpark", "DFlash", "t0"), compare("DSpark", "DFlash", "t1")
     vs_eagle = compare("DSpark", "EAGLE-3", "t0"), compare("DSpark", "EAGLE-3", "t1")
@@ -208,10 +235,13 @@ def main() -> None:
         "real_train": {
             n: {k: v for k, v in t.items() if k != "run_dir"} for n, t in trained.items()
         },
+        **ood_figures,
         "real_bench_load_average": round(load, 2),
         "real_bench_seconds": round(time.monotonic() - started, 1),
     }
-    merge_results(figures, replace=("real_tau_", "real_P6", "real_train", "real_budget"))
+    merge_results(
+        figures, replace=("real_tau_", "real_P6", "real_train", "real_budget", "real_ood_")
+    )
     table = md[md.index("| draft |") :].split("\n\n")[0]
     live_table = md[md.index("## Temperature > 0") :].split("\n\n")[1] if t1 else ""
 
@@ -261,10 +291,23 @@ def main() -> None:
                 line("DSpark / EAGLE-3", "macro tau, T=0", vs_eagle[0], "paper: 1.27-1.31 at T=1"),
                 line("DSpark / EAGLE-3", "macro tau, T=1", vs_eagle[1], "paper: 1.27-1.31 at T=1"),
                 "",
+                f"Prompts from a source no draft trained on ({', '.join(REAL_LEFT_OUT)}, every "
+                f"sample: {ood['data']['num_samples']}), T=0; ratio = left-out / held-out macro "
+                "tau, unpaired bootstrap (goal >= 0.85 for every draft):",
+                "",
+                generalisation_markdown(gen),
+                "",
                 "Plots: " + ", ".join(f"[{k}](figures/{v})" for k, v in plots.items()) + ".",
             ]
         ),
     )
+    ood_serving = ood.get("serving")
+    if ood_serving:
+        figures.update(ood_serve_keys(ood_serving, "real_serve_ood_"))
+        merge_results(
+            {k: v for k, v in figures.items() if k.startswith("real_serve_ood_")},
+            replace=("real_serve_ood_",),
+        )
     serving = report.get("serving")
     if serving:
         prefix = "real_serve_"
@@ -275,7 +318,8 @@ def main() -> None:
             FIGURES / f"{prefix}curve.png",
             title="SmolLM2-135M-Instruct on CPU vLLM: throughput vs interactivity",
         )
-        merge_results(serve_figures, replace=(prefix,))
+        serve_figures.update(e2e_keys(serving, prefix))
+        merge_results(serve_figures, replace=(prefix,), keep=("real_serve_ood_",))
         write_section(
             f"bench/serve.py {prefix}",
             f"## Serving speed ({prefix}*): SmolLM2-135M-Instruct\n\n"
@@ -285,6 +329,66 @@ def main() -> None:
         )
         figures.update(serve_figures)
     print(json.dumps(figures, indent=2, default=str))
+
+
+def ood_keys(gen: dict, ood: dict, left_out) -> dict:
+    """real_tau_T0_left_out and each draft's real_ood_tau_ratio_<draft> (with its interval)."""
+    slug = {"DSpark": "dspark", "DFlash": "dflash", "EAGLE-3": "eagle3"}
+    out: dict = {
+        "real_left_out_source": list(left_out),
+        "real_tau_T0_left_out": {n: round(g["left_out"][0], 4) for n, g in gen.items()},
+    }
+    for name, g in gen.items():
+        if name in slug:
+            point, lo, hi = g["ratio"]
+            out[f"real_ood_tau_ratio_{slug[name]}"] = round(point, 4)
+            out[f"real_ood_tau_ratio_{slug[name]}_ci95"] = (
+                None if math.isnan(lo) else [round(lo, 4), round(hi, 4)]
+            )
+    return out
+
+
+def e2e_keys(serving: dict, prefix: str) -> dict:
+    """Single-stream end-to-end speedup of every draft and of the best, with intervals."""
+    from pipeline.evaluate.serving import BASELINE
+
+    out, best = {}, None
+    for name, e in serving["engines"].items():
+        fig = e.get("single_stream_e2e_speedup") if name != BASELINE else None
+        if not fig:
+            continue
+        out[f"{prefix}e2e_{name.lower().replace('-', '')}"] = fig
+        if best is None or fig["ratio"] > best[1]["ratio"]:
+            best = (name, fig)
+    if best is not None:
+        out[f"{prefix}e2e_best"] = best[1]["ratio"]
+        out[f"{prefix}e2e_best_ci_low"] = best[1]["ci95"][0]
+        out[f"{prefix}e2e_best_draft"] = best[0]
+    return out
+
+
+def ood_serve_keys(serving: dict, prefix: str) -> dict:
+    """The left-out source's serving figures: e2e speedups, tau and tok/s per engine."""
+    out = e2e_keys(serving, prefix)
+    for name, e in serving["engines"].items():
+        if e.get("served"):
+            single = e["single_stream"]
+            key = f"{prefix}{name.lower().replace('-', '').replace(' ', '_')}"
+            out[key + "_e2e_tok_s"] = single.get("e2e_tok_s")
+            out[key + "_vllm_tau"] = (single.get("acceptance") or {}).get("tau")
+    return out
+
+
+def generalisation_markdown(gen: dict) -> str:
+    def fmt(v):
+        return f"{v[0]:.3f}" + ("" if math.isnan(v[1]) else f" ({v[1]:.3f}-{v[2]:.3f})")
+
+    rows = [
+        f"| {n} | {fmt(g['heldout'])} | {fmt(g['left_out'])} | {fmt(g['ratio'])} |"
+        for n, g in gen.items()
+    ]
+    head = "| draft | held-out split | left-out source | ratio |\n|---|---|---|---|"
+    return "\n".join([head, *rows])
 
 
 if __name__ == "__main__":

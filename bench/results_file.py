@@ -16,12 +16,15 @@ RESULTS_JSON = BENCH / "results.json"
 RESULTS_MD = BENCH / "RESULTS.md"
 
 
-def merge_results(new: dict, replace: tuple[str, ...] = ()) -> dict:
+def merge_results(new: dict, replace: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> dict:
     """Update results.json with `new` (other benches' keys stay); keys starting with
-    one of `replace` go first: a bench's run replaces all of its earlier figures."""
+    one of `replace` go first (but those starting with one of `keep`): a bench's run
+    replaces all of its earlier figures."""
     current = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     if replace:
-        current = {k: v for k, v in current.items() if not k.startswith(replace)}
+        current = {
+            k: v for k, v in current.items() if not k.startswith(replace) or k.startswith(keep)
+        }
     current.update(new)
     RESULTS_JSON.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     return current

@@ -108,6 +108,7 @@ def summarize_level(result: dict, concurrency: int) -> dict[str, Any]:
             tpots.append((lat - ttft) / (out - 1))
             rates.append((out - 1) / (lat - ttft))
     itls = [x for request in result["itls"] for x in request]
+    lats = [float(x) for x in result["latencies"]]
     level: dict[str, Any] = {
         "concurrency": concurrency,
         "num_requests": result["completed"],
@@ -116,12 +117,20 @@ def summarize_level(result: dict, concurrency: int) -> dict[str, Any]:
         "aggregate_tok_s": round(result["output_throughput"], 3),
         # Decode rate each user sees (tokens after the first over the time after it).
         "per_user_tok_s": round(sum(rates) / len(rates), 3) if rates else None,
+        # End to end, first token included: output tokens over request time, summed over
+        # requests (at one request in flight: total tokens over total time).
+        "e2e_tok_s": round(sum(result["output_lens"]) / sum(lats), 3) if sum(lats) else None,
         "ttft_ms": _percentiles(result["ttfts"]),
         "tpot_ms": _percentiles(tpots),
         # vLLM's ITL: the gaps between streamed chunks; with a draft a chunk carries every
         # token a verification round accepted, so TPOT is the per-token figure.
         "itl_ms": _percentiles(itls),
     }
+    if concurrency == 1:  # per request, in prompt order: what paired intervals resample
+        level["per_request"] = {
+            "output_tokens": list(result["output_lens"]),
+            "latency_s": [round(x, 5) for x in lats],
+        }
     if "spec_decode_num_drafts" in result:
         rounds = result["spec_decode_num_drafts"]
         level["acceptance"] = {
@@ -357,6 +366,20 @@ def run_serving(
     return section
 
 
+def e2e_speedup(base: dict, drafted: dict) -> dict | None:
+    """End-to-end tokens/s with the draft over without, one request in flight, with a
+    paired bootstrap interval over the prompts (both engines served the same prompts)."""
+    from pipeline.evaluate.uncertainty import paired_rate_ratio
+
+    a, b = drafted.get("per_request"), base.get("per_request")
+    if not a or not b or len(a["latency_s"]) != len(b["latency_s"]):
+        return None
+    point, lo, hi = paired_rate_ratio(
+        (a["output_tokens"], a["latency_s"]), (b["output_tokens"], b["latency_s"])
+    )
+    return {"ratio": round(point, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+
+
 def add_speedups(section: dict[str, Any]) -> None:
     """Each served draft's speedups over the baseline, written into its entry."""
     base = section["engines"].get(BASELINE)
@@ -368,6 +391,9 @@ def add_speedups(section: dict[str, Any]) -> None:
         b, d = base["single_stream"]["per_user_tok_s"], entry["single_stream"]["per_user_tok_s"]
         single = round(d / b, 4) if b and d else None
         entry["single_stream_speedup"] = single
+        entry["single_stream_e2e_speedup"] = e2e_speedup(
+            base["single_stream"], entry["single_stream"]
+        )
         tau = (entry.get("acceptance") or {}).get("tau")
         # How much of the acceptance length turns into speed (1.0: drafting is free).
         entry["speedup_over_tau"] = round(single / tau, 4) if single and tau else None

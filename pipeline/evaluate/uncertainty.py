@@ -150,3 +150,25 @@ def unpaired_ratio_interval(
     ratios = _macro(*sides[0][:2], sides[0][3]) / _macro(*sides[1][:2], sides[1][3])
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return point, float(lo), float(hi)
+
+
+def paired_rate_ratio(
+    num: tuple[Sequence[float], Sequence[float]],
+    den: tuple[Sequence[float], Sequence[float]],
+    *,
+    level: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(ratio, lo, hi) of sum(tokens)/sum(seconds) of `num` over `den`, where both are
+    (tokens, seconds) per prompt of the same prompts in the same order: the prompts
+    are resampled together (a paired bootstrap)."""
+    tn, sn = np.asarray(num[0], float), np.asarray(num[1], float)
+    td, sd = np.asarray(den[0], float), np.asarray(den[1], float)
+    if not (len(tn) == len(sn) == len(td) == len(sd)) or not len(tn):
+        raise ValueError("a paired rate ratio needs the same prompts on both sides")
+    point = float((tn.sum() / sn.sum()) / (td.sum() / sd.sum()))
+    idx = np.random.default_rng(seed).integers(0, len(tn), size=(resamples, len(tn)))
+    ratios = (tn[idx].sum(-1) / sn[idx].sum(-1)) / (td[idx].sum(-1) / sd[idx].sum(-1))
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return point, float(lo), float(hi)

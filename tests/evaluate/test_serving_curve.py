@@ -91,9 +91,14 @@ def test_speedups_tables_and_plot(tmp_path):
             "DSpark": dict(served=False, reason="vLLM's dspark method needs a GPU"),
         },
     }  # fmt: skip
+    base[0]["per_request"] = {"output_tokens": [32, 32, 20], "latency_s": [0.32, 0.34, 0.2]}
+    draft[0]["per_request"] = {"output_tokens": [32, 32, 20], "latency_s": [0.16, 0.2, 0.1]}
     add_speedups(section)
     d = section["engines"]["DFlash"]
     assert d["single_stream_speedup"] == pytest.approx(1.8)
+    e2e = d["single_stream_e2e_speedup"]  # total tokens over total time, first token included
+    assert e2e["ratio"] == pytest.approx((84 / 0.46) / (84 / 0.86), abs=1e-3)
+    assert e2e["ci95"][0] <= e2e["ratio"] <= e2e["ci95"][1]
     assert d["speedup_over_tau"] == pytest.approx(0.9)
     assert d["best_speedup_at_matched_interactivity"] == pytest.approx(
         max(r["speedup"] for r in d["matched_interactivity"] if r["speedup"])

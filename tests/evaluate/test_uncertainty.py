@@ -98,3 +98,39 @@ def test_a_domain_with_one_sample_gives_no_interval():
     assert np.isnan(lo) and np.isnan(hi)
     point, lo, hi = ratio_interval(one, one)
     assert point == 1.0 and np.isnan(lo) and np.isnan(hi)
+
+
+def test_paired_rate_ratio_is_the_ratio_of_pooled_rates_with_an_interval():
+    from pipeline.evaluate.uncertainty import paired_rate_ratio
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(60, 128, 40).tolist()
+    base_s = (np.asarray(tokens) / 40.0 * rng.uniform(0.9, 1.1, 40)).tolist()
+    fast_s = [s / 2.0 for s in base_s]  # every prompt twice as fast
+    point, lo, hi = paired_rate_ratio((tokens, fast_s), (tokens, base_s))
+    assert point == pytest.approx(2.0) and lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    noisy = (np.asarray(fast_s) * rng.uniform(0.7, 1.3, 40)).tolist()
+    point, lo, hi = paired_rate_ratio((tokens, noisy), (tokens, base_s))
+    assert lo < point < hi and 1.5 < lo and hi < 2.7
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_rate_ratio((tokens[:3], fast_s[:3]), (tokens, base_s))
+
+
+def test_unpaired_ratio_resamples_two_sample_sets_on_their_own():
+    from pipeline.evaluate.uncertainty import PerSample, unpaired_ratio_interval
+
+    def side(prefix, domains, acc, n):
+        return PerSample(
+            [f"{prefix}{i}" for i in range(n)],
+            [domains[i % len(domains)] for i in range(n)],
+            [acc + (i % 3) for i in range(n)],
+            [4] * n,
+        )
+
+    heldout = side("h", ["chat", "code"], 4, 60)  # tau about 2.0
+    left_out = side("o", ["qa"], 2, 40)  # tau about 1.5
+    point, lo, hi = unpaired_ratio_interval(left_out, heldout)
+    assert point == pytest.approx((1 + 3 / 4) / (1 + 5 / 4), rel=0.02)
+    assert lo < point < hi
+    single = PerSample(["x"], ["qa"], [2], [4])
+    assert np.isnan(unpaired_ratio_interval(single, heldout)[1])  # one sample: no interval

@@ -76,3 +76,16 @@ def test_heldout_rows_are_the_hashed_ids_and_disjoint_from_training(split, toy_s
     assert {s.sample_id for s in split.decode(split.heldout_rows[:3])} == {
         r.sample_id for r in split.heldout_rows[:3]
     }
+
+
+def test_sources_keep_and_exclude_rows_by_their_source_column(toy_shards):
+    """A leave-one-source-out split: `exclude_sources` drops a source's rows, `sources`
+    keeps only them (training reads the first, the left-out evaluation the second)."""
+    every = DatasetSplit(str(toy_shards), heldout_fraction=0.2)
+    (source,) = {s.source for s in every.decode(every.train_rows[:4] + every.heldout_rows[:4])}
+    kept = DatasetSplit(str(toy_shards), heldout_fraction=0.2, sources=[source])
+    assert kept.train_rows == every.train_rows and kept.heldout_rows == every.heldout_rows
+    left_out = DatasetSplit(str(toy_shards), heldout_fraction=0.2, exclude_sources=[source])
+    assert left_out.train_rows == [] and left_out.heldout_rows == []
+    other = DatasetSplit(str(toy_shards), heldout_fraction=0.2, sources=["no-such-source"])
+    assert other.train_rows == [] and other.heldout_rows == []
