@@ -109,35 +109,40 @@ def _parse_line(body: bytes, column0: int) -> tuple[dict | None, str | None, str
     return row, None, None
 
 
-def _json_array(where: str, data: bytes) -> Iterator[RawRow]:
-    """A whole-file JSON array (Alpaca style): one row per element, located `path#index`."""
+def _json_document(where: str, data: bytes, what: str) -> tuple[object, RawRow | None]:
+    """A whole-file JSON document, or the one record saying why it does not parse."""
     try:
-        rows = json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8")), None
     except UnicodeDecodeError as err:
-        yield RawRow(
-            f"{where}:1", None, "invalid_utf8", f"byte offset {err.start} is not UTF-8", err.start
-        )
-        return
+        reason, detail, offset = "invalid_utf8", f"byte offset {err.start} is not UTF-8", err.start
     except RecursionError:
-        yield RawRow(
-            f"{where}:1", None, "too_deeply_nested", "the JSON array is nested too deeply", 0
-        )
-        return
+        reason, detail, offset = "too_deeply_nested", f"the JSON {what} is nested too deeply", 0
     except ValueError as err:
-        yield RawRow(
-            f"{where}:1", None, "unparsable_row", f"the JSON array does not parse: {err}", 0
-        )
-        return
-    for index, row in enumerate(rows):
+        reason, detail, offset = "unparsable_row", f"the JSON {what} does not parse: {err}", 0
+    return None, RawRow(f"{where}:1", None, reason, detail, offset)
+
+
+def _rows(where: str, items) -> Iterator[RawRow]:
+    """(key, value) pairs of a document as rows located `path#key`; a non-object is a record."""
+    for key, row in items:
         if isinstance(row, dict):
-            yield RawRow(f"{where}#{index}", row)
+            yield RawRow(f"{where}#{key}", row)
         else:
             yield RawRow(
-                f"{where}#{index}",
+                f"{where}#{key}",
                 None,
                 "not_an_object",
                 f"a JSON {type(row).__name__}, not an object",
             )
+
+
+def _json_array(where: str, data: bytes) -> Iterator[RawRow]:
+    """A whole-file JSON array (Alpaca style): one row per element, located `path#index`."""
+    rows, failed = _json_document(where, data, "array")
+    if failed is not None:
+        yield failed
+        return
+    yield from _rows(where, enumerate(rows))
 
 
 def read_json_object_file(storage, key: str, progress: ReadProgress) -> Iterator[RawRow]:
@@ -146,24 +151,9 @@ def read_json_object_file(storage, key: str, progress: ReadProgress) -> Iterator
     with storage.open_read(key) as raw:
         data = _decompressed(raw, key).read()
     progress.offset = len(data)
-    if data.startswith(_BOM):
-        data = data[3:]
-    try:
-        document = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        yield RawRow(
-            f"{where}:1", None, "invalid_utf8", f"byte offset {err.start} is not UTF-8", err.start
-        )
-        return
-    except RecursionError:
-        yield RawRow(
-            f"{where}:1", None, "too_deeply_nested", "the JSON object is nested too deeply", 0
-        )
-        return
-    except ValueError as err:
-        yield RawRow(
-            f"{where}:1", None, "unparsable_row", f"the JSON object does not parse: {err}", 0
-        )
+    document, failed = _json_document(where, data.removeprefix(_BOM), "object")
+    if failed is not None:
+        yield failed
         return
     if not isinstance(document, dict):
         yield RawRow(
@@ -171,17 +161,9 @@ def read_json_object_file(storage, key: str, progress: ReadProgress) -> Iterator
             f"format json_object needs one JSON object of rows keyed by id, not a {type(document).__name__}", 0,
         )  # fmt: skip
         return
-    for row_key, row in document.items():
+    for row in _rows(where, document.items()):
         progress.rows += 1
-        if isinstance(row, dict):
-            yield RawRow(f"{where}#{row_key}", row)
-        else:
-            yield RawRow(
-                f"{where}#{row_key}",
-                None,
-                "not_an_object",
-                f"a JSON {type(row).__name__}, not an object",
-            )
+        yield row
 
 
 def read_jsonl_file(
