@@ -28,6 +28,19 @@ def test_toy_prediction_within_10_percent_of_the_committed_dataset(tmp_path, tra
     figures = compare_with_dataset(report, str(uri))["figures"]
     for name in ("samples", "tokens", "stored_bytes", "shards", "objects"):
         assert 0.9 <= figures[name]["ratio"] <= 1.1, (name, figures[name])
+    # Per source: the plan's counts and token means, and the committed dataset's.
+    ((source, planned),) = report.corpus.by_source.items()
+    assert planned["conversations"] == 64 and planned["rows"] == report.corpus.num_samples
+    assert planned["prompt_tokens"] == pytest.approx(report.corpus.prompt_tokens, rel=1e-3)
+    assert "corpus sources" in report.to_text() and source in report.to_text()
+    from pipeline.shards.inspection import inspect_dataset
+
+    inspected = inspect_dataset(str(uri), sources=True)
+    stored = inspected.sources[source]
+    assert stored.rows == inspected.manifest.totals.by_source[source]
+    assert 0.9 <= stored.rows / planned["rows"] <= 1.1
+    assert 0.9 <= stored.prompt_tokens / planned["prompt_tokens"] <= 1.1
+    assert f"{source}" in inspected.to_text() and "prompt tok" in inspected.to_text()
 
 
 def test_rack_example_has_every_input_and_sizes_the_config_without_warnings():
