@@ -405,18 +405,25 @@ def export(
 @click.option("--delete", is_flag=True, help="Delete (default: only list) what gc finds.")
 @click.option(
     "--keep-versions",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     metavar="K",
-    help="Retain only the newest K versions (plus pinned ones and the newest complete one); "
-    "default: retain every version.",
+    help="Retain only the newest K versions (plus pinned ones, the newest complete one and "
+    "what _latest names); default: retain every version.",
 )
 @click.option(
     "--min-age-hours",
     type=float,
-    default=1.0,
+    default=72.0,
     show_default=True,
-    help="Also keep unreferenced files younger than this (for writers outside a write session).",
+    help="Keep unreferenced files younger than this, on the store's clock (must exceed the "
+    "longest commit, 24 h, unless --unsafe-min-age).",
+)
+@click.option(
+    "--unsafe-min-age",
+    is_flag=True,
+    help="Accept a --min-age-hours at or below the longest commit (then only live write "
+    "sessions protect commits in flight).",
 )
 @ENDPOINT_OPTION
 def gc(
@@ -424,27 +431,53 @@ def gc(
     delete: bool,
     keep_versions: int | None,
     min_age_hours: float,
+    unsafe_min_age: bool,
     endpoint_url: str | None,
 ) -> None:
     """List (or delete) what no retained version names and no live writer may commit.
 
     Files a live write session may still commit are kept whatever their age;
-    stale multipart uploads are aborted; with --keep-versions, the roots of
-    older unpinned versions go, and the files only they named.
+    stale multipart uploads are aborted; with --keep-versions, older unpinned
+    versions are retired (their roots stay) and the files only they named go.
 
     \b
     Example:
       dspark-targets gc runs/demo/dataset --keep-versions 2 --delete
     """
     from pipeline.shards.gc import gc_dataset
+    from pipeline.shards.retention import check_min_age
 
+    min_age_s = check_min_age(min_age_hours * 3600, unsafe=unsafe_min_age, what="--min-age-hours")
     report = gc_dataset(
         check_dataset_uri(uri),
         delete=delete,
         keep_versions=keep_versions,
-        min_age_s=min_age_hours * 3600,
+        min_age_s=min_age_s,
+        unsafe_min_age=unsafe_min_age,
         endpoint_url=endpoint_url,
     )
+    click.echo(report.to_text())
+
+
+@cli.command()
+@click.argument("uri")
+@click.option("--apply", is_flag=True, help="Write the repairs (default: only say what it finds).")
+@ENDPOINT_OPTION
+def repair(uri: str, apply: bool, endpoint_url: str | None) -> None:
+    """Rebuild a dataset's `_latest` pointer and newest root from the versions present.
+
+    A damaged pointer is rewritten to the newest intact version; damaged roots
+    are retired, and if the newest ones are damaged, a new version repeats
+    the newest intact one with the changes recovered from their segments.
+    Dry run by default.
+
+    \b
+    Example:
+      dspark-targets repair s3://bucket/datasets/qwen3-8b --apply
+    """
+    from pipeline.shards.repair import repair_dataset
+
+    report = repair_dataset(check_dataset_uri(uri), apply=apply, endpoint_url=endpoint_url)
     click.echo(report.to_text())
 
 

@@ -29,7 +29,15 @@ KNOWN_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def describe_error(err: BaseException) -> str | None:
-    """The one-line message for a failure a user can act on, or None for a bug."""
+    """The one-line message for a failure a user can act on, or None for a bug; any
+    credential in it (URL user info, a secret's value) is masked."""
+    from pipeline.redact import redact_text, strip_userinfo
+
+    message = _describe(err)
+    return None if message is None else redact_text(strip_userinfo(message))
+
+
+def _describe(err: BaseException) -> str | None:
     botocore = sys.modules.get("botocore.exceptions")
     pydantic = sys.modules.get("pydantic")
     if pydantic is not None and isinstance(err, pydantic.ValidationError):

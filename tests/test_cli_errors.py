@@ -114,8 +114,8 @@ def test_an_unreachable_s3_endpoint_fails_within_seconds_naming_it_and_the_tries
     )
     assert code == 1
     line = one_error_line(stderr)
-    assert f"cannot reach the S3 endpoint http://127.0.0.1:{port} after 5 tries" in line
-    assert seconds < 15, seconds
+    assert f"cannot reach the S3 endpoint http://127.0.0.1:{port} after" in line
+    assert seconds < 10, seconds
 
 
 def test_missing_s3_credentials_are_one_line():
@@ -136,3 +136,28 @@ def test_verbose_after_the_command_is_accepted_and_keeps_the_traceback():
         assert "Traceback" in stderr and "FileNotFoundError: no/such/dataset" in stderr
     code, stderr, _ = run("-v", "inspect", "no/such/dataset")  # before it, as before
     assert code == 1 and "Traceback" in stderr
+
+
+PASSWORD = "hunter2hunter2"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("inspect", f"s3://admin:{PASSWORD}@bucket/ds"),
+        ("gc", f"s3://admin:{PASSWORD}@bucket/ds", "--delete"),
+        ("verify", f"https://admin:{PASSWORD}@minio.local/ds"),
+        ("repair", f"https://admin:{PASSWORD}@minio.local/ds"),
+        ("inspect", "s3://bucket/ds", "--endpoint-url", f"https://admin:{PASSWORD}@127.0.0.1:1"),
+        ("inspect", "-v", f"s3://admin:{PASSWORD}@bucket/ds"),  # the traceback too
+    ],
+    ids=["s3 inspect", "s3 gc", "https verify", "https repair", "endpoint", "verbose"],
+)
+def test_credentials_in_a_uri_are_refused_and_never_echoed(args):
+    code, stderr, seconds = run(
+        *args, env=s3_env(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="t")
+    )
+    assert code == 1 and PASSWORD not in stderr and "<redacted>@" in stderr
+    if "-v" not in args:
+        one_error_line(stderr)
+    assert seconds < 10, seconds

@@ -81,12 +81,18 @@ def test_verbose_s3_work_logs_no_credential(monkeypatch, moto_endpoint, s3_uri, 
         setup_logging(verbose=False)
 
 
-def test_s3_storage_repr_strips_endpoint_user_info():
+def test_s3_storage_refuses_user_info_without_echoing_it():
+    """The S3 client cannot use credentials in a URL: refused at once, the password masked."""
     from pipeline.storage.s3 import S3Storage
 
-    storage = S3Storage("s3://b/p", endpoint_url="https://admin:hunter2hunter2@minio.local:9000")
-    assert "hunter2hunter2" not in repr(storage) and "admin" not in repr(storage)
-    assert f"https://{MASK}@minio.local:9000" in repr(storage)
+    for uri, endpoint in [
+        ("s3://b/p", "https://admin:hunter2hunter2@minio.local:9000"),
+        ("s3://admin:hunter2hunter2@b/p", None),
+    ]:
+        with pytest.raises(ValueError) as err:
+            S3Storage(uri, endpoint_url=endpoint)
+        assert "hunter2hunter2" not in str(err.value) and "admin" not in str(err.value)
+        assert f"{MASK}@" in str(err.value)
 
 
 def test_plan_verbose_prints_no_key_id_or_session_token_from_runtime_env(

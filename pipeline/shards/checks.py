@@ -2,7 +2,8 @@
 
 * `lineage_of`: the parent's lineage continues, and the commit's provenance
   has its key; else `LineageMismatch` naming every differing field.
-* `check_written`: a new shard's file exists with the size its writer wrote.
+* `check_written`: a new shard's file exists with the size its writer wrote
+  (and when it was written, on the store's clock: retention.py).
 * `index_of`: a new shard's members, from the writer's report or its id column.
 * `check_no_repeats` / `check_against_parent`: no sample id twice in the
   version (see commit.py's docstring for which shards are consulted).
@@ -71,16 +72,18 @@ def mismatch(
     )
 
 
-def check_written(ds: DatasetLike, info: ShardInfo) -> None:
+def check_written(ds: DatasetLike, info: ShardInfo) -> float:
+    """The shard's write time on the store's clock, after checking its size."""
     try:
-        found = ds.storage.info(info.path).size
+        found = ds.storage.info(info.path)
     except FileNotFoundError:
         raise DatasetError(f"cannot commit {ds.shard_url(info.path)}: file not found") from None
-    if found != info.bytes:
+    if found.size != info.bytes:
         raise DatasetError(
-            f"cannot commit {ds.shard_url(info.path)}: {found} bytes on storage, the "
+            f"cannot commit {ds.shard_url(info.path)}: {found.size} bytes on storage, the "
             f"writer wrote {info.bytes}"
         )
+    return found.mtime
 
 
 def index_of(ds: DatasetLike, info: ShardInfo) -> SampleIndex:

@@ -16,11 +16,21 @@
    member is dropped is removed instead.
 5. Sidecars (their sha256 goes into the entries), then one level-0 segment,
    then any merges (segments.py), then the root, create-only: the commit
-   point. `fence()` runs just before it.
-6. After the commit point: a segment or sidecar this commit found already
-   written (a retry reusing its first attempt's files) is checked once more
-   and put back if a concurrent gc took it (gc.py re-reads the versions
-   before it deletes; this closes the gap after that read).
+   point. `fence()` runs just before it, and the age check: a new shard
+   written more than `retention.MAX_COMMIT_AGE_S` ago (store clock) is
+   refused, nothing published (gc may be deleting it).
+6. After the commit point: the root's own timestamp is checked against the
+   same bound; a commit that landed later than that (a pause after its
+   checks) waits until any gc that could have missed its root has re-read
+   the versions, then checks its files; if one is gone it publishes a copy
+   of its parent over itself and raises, so the newest version is readable
+   and nothing reports success for samples it lost. A segment or sidecar
+   this commit found already written (a retry) is put back if it is gone.
+7. `_latest` moves forward; a failure there is logged, never raised: the
+   version stands and readers probe past the pointer.
+
+A commit that would change nothing (a retry of a commit that landed: its
+shards are all in the parent) returns the parent and publishes nothing.
 
 `commit()` runs these as the named steps of one `_Commit`. Bytes and reads per
 commit depend on what the commit changes, not on the dataset size
@@ -32,12 +42,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from pipeline.shards import retention
 from pipeline.shards.checks import (
     check_against_parent,
     check_no_repeats,
@@ -62,6 +74,7 @@ from pipeline.shards.versions import (
     SegmentRef,
     ShardEntry,
     Totals,
+    manifest_key,
 )
 from pipeline.storage import AlreadyExists
 
@@ -89,12 +102,18 @@ class CommitRequest:
     fencing: bool = False  # an empty version that fences off an old lease holder (lease.py)
 
 
+class StaleCommit(DatasetError):
+    """A commit names files older than the longest commit gc allows for (retention.py)."""
+
+
 def commit(ds: DatasetLike, request: CommitRequest) -> Manifest:
     """Publish the next version (the module docstring lists the steps)."""
     c = _Commit(ds, request)
     c.resolve_parent()
     c.check_new_shards()
     c.check_drops_and_removals()
+    if c.changes_nothing():
+        return c.parent  # type: ignore[return-value]
     c.write_sidecars()
     c.write_segments()
     manifest = c.build_manifest()
@@ -120,6 +139,8 @@ class _Commit:
         self.refs: list[SegmentRef] = []
         self.delta_key: str | None = None
         self.reused: dict[str, bytes] = {}  # files found already written: key -> their bytes
+        self.written: list[str] = []  # every sidecar and segment key this commit names anew
+        self.oldest: float | None = None  # store time of the oldest new shard's write
 
     # ------------------------------------------------------------------ steps
 
@@ -165,7 +186,8 @@ class _Commit:
                 continue  # committed already (a retried commit): nothing to add
             if info.path in self.indexes:
                 continue  # the same shard twice in one call
-            check_written(ds, info)
+            written_at = check_written(ds, info)
+            self.oldest = written_at if self.oldest is None else min(self.oldest, written_at)
             self.indexes[info.path], self.infos[info.path] = index_of(ds, info), info
         check_no_repeats(self.indexes)
 
@@ -209,11 +231,23 @@ class _Commit:
             {p: set(ids) for p, ids in self.req.drop.items()},
         )
 
+    def changes_nothing(self) -> bool:
+        """Whether this commit would publish an empty version over its parent (a retry of a
+        commit that landed); fencing versions and new lineages are changes."""
+        req, parent = self.req, self.parent
+        return (
+            parent is not None
+            and not (self.indexes or self.drop_rows or self.removed)
+            and not (req.fencing or req.new_lineage)
+            and (parent.complete or not req.complete)
+        )
+
     def write_sidecars(self) -> None:
         """One sidecar per new shard; its sha256 goes into the shard's entry."""
         for path, index in self.indexes.items():
             info = self.infos[path]
             key, data = sidecar_key(path), index.to_json().encode()
+            self.written.append(key)
             if _put_once(self.ds, key, data, what=f"{index.shard}'s index"):
                 self.reused[key] = data
             key_range = index.key_range()
@@ -334,25 +368,70 @@ class _Commit:
         )
 
     def publish(self, manifest: Manifest) -> None:
-        """The fence, then the commit point: the root, create-only."""
-        from pipeline.shards.versions import manifest_key
-
+        """The fence and the age check, then the commit point: the root, create-only."""
         if self.req.fence is not None:
             self.req.fence()
+        age = self._age(self.ds.storage.clock) if self.oldest is not None else 0.0
+        if age > retention.MAX_COMMIT_AGE_S:
+            raise StaleCommit(
+                f"{self.ds.uri}: a shard of this commit was written {age / 3600:.1f} h ago, "
+                f"past the longest commit gc allows for ({retention.MAX_COMMIT_AGE_S / 3600:g} "
+                "h): it may be deleted meanwhile; this commit published nothing (redo the unit)"
+            )
         try:
             self.ds.storage.put_if_absent(manifest_key(manifest.version), manifest.root_json())
         except AlreadyExists:
             raise CommitConflict(
                 f"{self.ds.uri}: version {manifest.version} was committed by another writer "
-                f"while this commit was based on version {self.req.parent_version}; this commit "
-                "published nothing (re-read the latest version and commit again)"
+                f"(or is a fencing version, or one gc retired) while this commit was based on "
+                f"version {self.req.parent_version}; this commit published nothing (re-read the "
+                "latest version and commit again)"
             ) from None
+
+    def _age(self, clock: Callable[[], float]) -> float:
+        assert self.oldest is not None
+        return clock() - self.oldest
+
+    def check_landed_in_time(self, manifest: Manifest) -> None:
+        """The root's own timestamp against the bound; a late root's files are checked after
+        any gc that missed it has re-read the versions (module docstring, step 6)."""
+        if self.oldest is None:
+            return
+        key = manifest_key(manifest.version)
+        age = self._age(lambda: self.ds.storage.info(key).mtime)
+        if age <= retention.MAX_COMMIT_AGE_S:
+            return
+        log.warning(
+            "version %d landed %.0f s after its oldest shard was written (bound %.0f s): "
+            "checking its files once gc cannot still hold an old view",
+            manifest.version,
+            age,
+            retention.MAX_COMMIT_AGE_S,
+        )
+        time.sleep(2 * retention.GC_REREAD_S)
+        named = [*self.infos, *self.written]
+        gone = [k for k in named if not _present(self.ds, k)]
+        if not gone:
+            return
+        copy = publish_copy(
+            self.ds,
+            self.parent,
+            manifest.version + 1,
+            {"reverts": manifest.version, "reason": f"files deleted before it landed: {gone[:3]}"},
+        )
+        raise StaleCommit(
+            f"{self.ds.uri}: version {manifest.version} landed {age / 3600:.1f} h after its "
+            f"shards were written and gc deleted {len(gone)} of its files meanwhile (e.g. "
+            f"{gone[0]}); version {copy.version} restores version {self.req.parent_version}: "
+            "this commit's samples are not committed (redo the units)"
+        )
 
     def after_publish(self, manifest: Manifest) -> None:
         """Reused files checked once more, caches, `_latest`, the dataset card."""
         from pipeline.shards.card import write_card
 
         ds = self.ds
+        self.check_landed_in_time(manifest)
         for key, data in self.reused.items():
             try:
                 ds.storage.info(key)  # not exists(): it may answer from a listing cache
@@ -383,6 +462,7 @@ class _Commit:
 
     def put_segment(self, seg: Segment) -> tuple[str, SegmentRef]:
         key, data, ref = seg.encoded()
+        self.written.append(key)
         if _put_once(self.ds, key, data, what=key):
             self.reused[key] = data
         self.ds.cache_segment(key, seg)
@@ -448,6 +528,56 @@ def _base_refs(
     # Format-1 parent: its shards become one top-level segment (once).
     seg = Segment(1, parent.version, TOP_LEVEL, tuple(base[p] for p in sorted(base)))
     return [c.put_segment(seg)[1]]
+
+
+def publish_copy(
+    ds: DatasetLike, source: Manifest | None, version: int, record: Mapping[str, object]
+) -> Manifest:
+    """Publish `version` with the content of `source` (same shards, segments, lineage):
+    what a commit that lost its files, and `repair`, put over a version that cannot stand.
+
+    Create-only like every root; `record` says why (it becomes the root's `commit`)."""
+    if source is None or source.lineage is None:
+        raise DatasetError(
+            f"{ds.uri}: version {version - 1} cannot be replaced: no earlier format-2 version "
+            "to copy"
+        )
+    created = _now()
+    totals = source.totals or Totals()
+    summary = {
+        "version": version,
+        "created_at": created,
+        "shards": totals.shards,
+        "rows": totals.rows,
+        "tokens": totals.tokens,
+        "added_shards": 0,
+        "dropped_samples": 0,
+        "removed_shards": 0,
+    }
+    manifest = replace(
+        source,
+        version=version,
+        parent_version=source.version,
+        created_at=created,
+        commit={"copy_of": source.version, **record},
+        history=tuple(source.history)[-(HISTORY_LENGTH - 1) :] + (summary,),
+    )
+    try:
+        ds.storage.put_if_absent(manifest_key(version), manifest.root_json())
+    except AlreadyExists:
+        raise CommitConflict(f"{ds.uri}: version {version} exists already") from None
+    log.warning("published version %d as a copy of version %d: %s", version, source.version, record)
+    ds.remember(manifest)
+    ds.advance_latest(version)
+    return manifest
+
+
+def _present(ds: DatasetLike, key: str) -> bool:
+    try:
+        ds.storage.info(key)  # not exists(): it may answer from a listing cache
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _put_once(ds: DatasetLike, key: str, data: bytes, *, what: str) -> bool:

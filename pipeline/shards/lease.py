@@ -18,11 +18,15 @@
   the newest version), so the next version number is its own; a commit the
   old holder had prepared before its pause is a create-only put of a number
   that now exists, and the store refuses it (docs/RELIABILITY.md).
-* **Sessions** (`_sessions/<id>.json`): every writing driver keeps a record
-  with its start time and expiry, renewed by the same heartbeat. gc keeps every
-  file no retained version names that appeared after the start of a live
-  session (data files, sidecars and segments of commits in flight), whatever
-  its age, and aborts unfinished uploads only when no live session could own them.
+* **Sessions** (`_sessions/<id>.json`): every writing driver keeps a record,
+  rewritten by the same heartbeat. gc judges it on the store's clock alone:
+  a session is live while its record's `LastModified` is within its TTL (plus
+  the margin) of the store's time, and it started when its first record was
+  written (the record carries that store time from its second write on). gc
+  keeps every file no retained version names that appeared after the start
+  of a live session, whatever its age, and aborts unfinished uploads only
+  when no live session could own them. A writer's clock ahead or behind
+  therefore changes nothing gc decides.
 """
 
 from __future__ import annotations
@@ -113,21 +117,43 @@ def lease_holder(dataset: DatasetLike) -> LeaseRecord | None:
 class SessionRecord:
     session: str
     owner: str
-    started_at: float
+    started_at: float  # the writer's clock (for people; gc uses the store's times)
     expires_at: float
+    ttl_s: float | None = None  # None: written before store-clock liveness
+    store_started_at: float | None = None  # the first record's LastModified
 
 
-def live_sessions(dataset: DatasetLike, now: float | None = None) -> list[SessionRecord]:
-    """Write sessions whose heartbeat has not lapsed (gc keeps what they may commit)."""
-    now = time.time() if now is None else now
+@dataclass(frozen=True)
+class LiveSession:
+    """A write session gc must respect, with its start on the store's clock."""
+
+    session: str
+    owner: str
+    started_at: float  # store clock
+
+
+def live_sessions(dataset: DatasetLike, now: float | None = None) -> list[LiveSession]:
+    """Write sessions whose heartbeat has not lapsed, judged on the store's clock (`now`:
+    the store's time, default `storage.clock()`); gc keeps what they may commit."""
+    now = dataset.storage.clock() if now is None else now
     out = []
     for obj in dataset.storage.list(SESSIONS_PREFIX):
+        if not obj.key.endswith(".json"):
+            continue
         try:
-            record = SessionRecord(**json.loads(dataset.storage.read_bytes(obj.key)))
-        except (FileNotFoundError, ValueError, TypeError):
+            body = json.loads(dataset.storage.read_bytes(obj.key))
+            record = SessionRecord(
+                **{f.name: body[f.name] for f in fields(SessionRecord) if f.name in body}
+            )
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
             continue  # closed meanwhile, or not ours
-        if now < record.expires_at + CLOCK_MARGIN_S:
-            out.append(record)
+        if record.ttl_s is None:  # an older writer: its own clock is all there is
+            if time.time() < record.expires_at + CLOCK_MARGIN_S:
+                out.append(LiveSession(record.session, record.owner, record.started_at))
+            continue
+        if now - obj.mtime < record.ttl_s + CLOCK_MARGIN_S:
+            start = record.store_started_at if record.store_started_at is not None else obj.mtime
+            out.append(LiveSession(record.session, record.owner, start))
     return out
 
 
@@ -156,6 +182,8 @@ class WriteSession:
         self.expires_at = 0.0
         self.epoch = 0
         self.took_over: str | None = None  # the unreleased holder this session replaced
+        self.store_started_at: float | None = None  # the first record's LastModified
+        self._first_write: float | None = None  # monotonic time of the first record
         self._tag: str | None = None
         self._lost: str | None = None
         self._stop = threading.Event()
@@ -298,9 +326,28 @@ class WriteSession:
         raise LeaseLost(f"{self.dataset.uri}: could not publish a fencing version (contention)")
 
     def _write_session_record(self) -> None:
-        record = SessionRecord(self.id, self.owner, self.started_at, self.expires_at)
-        with self.dataset.storage.open_write(f"{SESSIONS_PREFIX}{self.id}.json") as fh:
+        record = SessionRecord(
+            self.id,
+            self.owner,
+            self.started_at,
+            self.expires_at,
+            ttl_s=self.ttl_s,
+            store_started_at=self.store_started_at,
+        )
+        key = f"{SESSIONS_PREFIX}{self.id}.json"
+        with self.dataset.storage.open_write(key) as fh:
             fh.write(json.dumps(asdict(record)).encode())
+        if self._first_write is None:
+            self._first_write = time.monotonic()
+        if self.store_started_at is None:  # the start as the store stamped it, for gc
+            try:
+                written = self.dataset.storage.info(key).mtime
+            except OSError as err:  # the next heartbeat tries again
+                log.warning("could not read back session record %s: %s", key, err)
+                return
+            # Minus the time since the first write (this process's own clock: durations
+            # only, so no skew), and a second for the store's timestamp granularity.
+            self.store_started_at = written - (time.monotonic() - self._first_write) - 1.0
 
     def renew(self) -> None:
         """One heartbeat: push the expiry forward (lease by compare-and-swap, then the record)."""

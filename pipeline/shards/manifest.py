@@ -21,8 +21,15 @@ Protocol (the Delta/Iceberg/Lance pattern, docs/design.md#storage-and-commit):
    point: of two committers racing for one version exactly one wins, the other
    gets `CommitConflict` and has published nothing.
 3. `_latest` then moves forward by compare-and-swap. It is a hint: if a
-   committer dies between 2 and 3, readers still find the newer root by
-   probing the next version numbers, and the next commit repairs the pointer.
+   committer dies between 2 and 3, or the pointer put fails, the commit still
+   stands (the root is the truth), readers find the newer root by probing the
+   next version numbers, and the next commit (or gc) moves the pointer.
+
+Version numbers are never reused: roots are never deleted. gc *retires* a
+version with a marker (`manifests/retired/v<N>.json`) and may then delete
+the files only it named; its root stays, so a late create-only put of that
+number fails like any other conflict. The root and the pointer carry a
+checksum (versions.py); `repair.py` rebuilds either from what is present.
 
 Readers list no directories: they resolve `_latest`, read one root and its
 segments (a bounded number), and open exactly the files those name, skipping
@@ -55,6 +62,7 @@ from pipeline.shards.versions import (
     MANIFEST_FORMAT,
     MANIFEST_PREFIX,
     MANIFEST_VERSION,
+    RETIRED_PREFIX,
     CommitConflict,
     DatasetError,
     DuplicateSampleError,
@@ -65,7 +73,10 @@ from pipeline.shards.versions import (
     ShardEntry,
     manifest_from_root,
     manifest_key,
+    parse_pointer,
     parse_root,
+    pointer_json,
+    retired_key,
 )
 from pipeline.shards.writer import ShardInfo, ShardWriter
 from pipeline.storage import PreconditionFailed, Storage, open_storage
@@ -94,6 +105,7 @@ def sha256_hex(data: bytes) -> str:
 
 
 _MANIFEST_NAME = re.compile(r"manifests/v(\d{6,})\.json")
+_RETIRED_NAME = re.compile(r"manifests/retired/v(\d{6,})\.json")
 _LATEST = object()  # sentinel: commit on top of whatever version is newest
 
 
@@ -149,32 +161,47 @@ class Dataset:
         if tagged is None:
             return None
         data, tag = tagged
-        try:
-            version = int(json.loads(data)["version"])
-        except (ValueError, KeyError, TypeError):
-            raise DatasetError(
-                f"{self.storage.url(LATEST_KEY)}: unreadable pointer {data[:80]!r}"
-            ) from None
-        return version, tag
+        return parse_pointer(data, self.storage.url(LATEST_KEY)), tag
+
+    def pointer_version(self) -> int | None:
+        """What `_latest` says (it may lag behind the newest root), or None without one."""
+        pointer = self._read_latest_pointer()
+        return pointer[0] if pointer else None
 
     def latest_version(self) -> int | None:
         """Newest committed version, or None for an empty dataset."""
-        pointer = self._read_latest_pointer()
-        version = pointer[0] if pointer else 0
-        # The pointer may lag behind a committed root (committer died before
-        # moving it): probe forward. Roots are only ever added after the newest.
+        version = self.pointer_version() or 0
+        # The pointer may lag behind a committed root (a committer died before
+        # moving it, or its put failed): probe forward. Roots are only ever added
+        # after the newest and never deleted, so the probe meets no gap.
         while self.storage.exists(manifest_key(version + 1)):
             version += 1
         return version or None
 
     def versions(self) -> list[int]:
-        """Every version whose root exists (lists the manifests folder; for tools, not readers)."""
-        found = []
-        for obj in self.storage.list(MANIFEST_PREFIX):
-            match = _MANIFEST_NAME.fullmatch(obj.key)
-            if match:
-                found.append(int(match.group(1)))
-        return sorted(found)
+        """Every version whose root exists, retired ones included (lists the manifests folder;
+        for tools, not readers)."""
+        return sorted(
+            int(m.group(1))
+            for obj in self.storage.list(MANIFEST_PREFIX)
+            if (m := _MANIFEST_NAME.fullmatch(obj.key))
+        )
+
+    def retired_versions(self) -> set[int]:
+        """Versions gc retired: their roots stay, their files may be gone."""
+        return {
+            int(m.group(1))
+            for obj in self.storage.list(RETIRED_PREFIX)
+            if (m := _RETIRED_NAME.fullmatch(obj.key))
+        }
+
+    def check_not_retired(self, version: int) -> None:
+        """DatasetError if gc retired `version` (a fresh read, never a cache)."""
+        if self.storage.exists(retired_key(version)):
+            raise DatasetError(
+                f"{self.uri}: version {version} was retired by gc ({retired_key(version)}); "
+                "its files may be gone: read a newer version"
+            )
 
     def manifest(self, version: int | None = None) -> Manifest:
         """The resolved manifest of `version` (default: the latest)."""
@@ -193,6 +220,7 @@ class Dataset:
             raise DatasetError(
                 f"{self.uri}: version {version} does not exist ({key} not found)"
             ) from None
+        self.check_not_retired(version)  # first: a retired root may also be a damaged one
         root = parse_root(data, self.storage.url(key))
         if root.version != version:
             raise DatasetError(f"{self.storage.url(key)}: says it is version {root.version}")
@@ -327,12 +355,15 @@ class Dataset:
         key = pin_version(self, version, name, owner=owner, ttl_s=ttl_s, following=following)
         try:
             self.storage.info(manifest_key(version))
+            self.check_not_retired(version)
         except FileNotFoundError:
             unpin_version(self, name)
             raise DatasetError(
-                f"{self.uri}: version {version} does not exist ({manifest_key(version)} not "
-                "found; gc may have retired it)"
+                f"{self.uri}: version {version} does not exist ({manifest_key(version)} not found)"
             ) from None
+        except DatasetError:
+            unpin_version(self, name)
+            raise
         self.manifest(version)
         return key
 
@@ -441,18 +472,30 @@ class Dataset:
         )
         return commit(self, request)
 
-    def advance_latest(self, version: int, num_attempts: int = 20) -> None:
-        """Move `_latest` forward to `version` (never backward) by compare-and-swap."""
-        body = json.dumps({"version": version}).encode()
-        for _ in range(num_attempts):
-            pointer = self._read_latest_pointer()
-            if pointer is not None and pointer[0] >= version:
-                return
-            try:
-                self.storage.put_if_match(LATEST_KEY, body, pointer[1] if pointer else None)
-                return
-            except PreconditionFailed:
-                continue  # someone moved it meanwhile: re-read and decide again
+    def advance_latest(self, version: int, num_attempts: int = 20) -> bool:
+        """Move `_latest` forward to `version` (never backward) by compare-and-swap; whether
+        it points at `version` or later now.
+
+        Never raises: it runs after a commit point, where the version is the truth
+        and the pointer only a hint readers probe past. A failure is logged."""
+        body = pointer_json(version)
+        try:
+            for _ in range(num_attempts):
+                pointer = self._read_latest_pointer()
+                if pointer is not None and pointer[0] >= version:
+                    return True
+                try:
+                    self.storage.put_if_match(LATEST_KEY, body, pointer[1] if pointer else None)
+                    return True
+                except PreconditionFailed:
+                    continue  # someone moved it meanwhile: re-read and decide again
+            reason = "contention"
+        except Exception as err:  # S3 errors past the retries, a damaged pointer
+            reason = f"{type(err).__name__}: {err}"
         log.warning(
-            "could not move _latest to version %d (contention); readers probe past it", version
+            "could not move _latest to version %d (%s); readers probe past it, the next "
+            "commit or gc moves it",
+            version,
+            reason,
         )
+        return False

@@ -13,6 +13,7 @@ commit.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -27,6 +28,7 @@ MANIFEST_VERSION = 2  # what this code writes; it reads 1 and 2
 READABLE_MANIFEST_VERSIONS = (1, 2)
 HISTORY_LENGTH = 20  # versions summarised in each root (the dataset card shows them)
 MANIFEST_PREFIX = "manifests/"
+RETIRED_PREFIX = "manifests/retired/"
 LATEST_KEY = "_latest"
 ERRORS_PREFIX = "errors/"
 
@@ -34,6 +36,11 @@ ERRORS_PREFIX = "errors/"
 def manifest_key(version: int) -> str:
     """The storage key of version `version`'s root."""
     return f"{MANIFEST_PREFIX}v{version:06d}.json"
+
+
+def retired_key(version: int) -> str:
+    """The marker gc leaves when it retires a version (its root stays: the number is taken)."""
+    return f"{RETIRED_PREFIX}v{version:06d}.json"
 
 
 class DatasetError(ValueError):
@@ -54,6 +61,52 @@ class DuplicateSampleError(DatasetError):
 
 class LineageMismatch(DatasetError):
     """A commit's provenance differs from the lineage of the version it builds on."""
+
+
+def checksum(body: Mapping[str, Any]) -> str:
+    """sha256 of a control object's JSON body without its own `checksum` field.
+
+    Computed over a canonical form (sorted keys, no spaces), so the file's own
+    layout does not matter and an edited value does."""
+    canonical = json.dumps(
+        {k: v for k, v in body.items() if k != "checksum"}, sort_keys=True, separators=(",", ":")
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_checksum(body: Mapping[str, Any], where: str) -> None:
+    """DatasetError if `body` carries a checksum that its fields do not match.
+
+    Objects written before checksums have none and are read unchecked."""
+    want = body.get("checksum")
+    if want is not None and want != checksum(body):
+        raise DatasetError(
+            f"{where}: does not match its checksum (edited or damaged); "
+            "`dspark-targets repair URI` says what it would rebuild"
+        )
+
+
+def pointer_json(version: int) -> bytes:
+    """The `_latest` pointer naming `version`, with its checksum."""
+    body: dict[str, Any] = {"version": version}
+    body["checksum"] = checksum(body)
+    return json.dumps(body).encode()
+
+
+def parse_pointer(data: bytes, where: str) -> int:
+    """The version a `_latest` pointer names; DatasetError (one line) if it is damaged."""
+    try:
+        body = json.loads(data)
+        version = body["version"]
+    except (ValueError, KeyError, TypeError):
+        raise DatasetError(
+            f"{where}: unreadable pointer {data[:40]!r}; `dspark-targets repair URI --apply` "
+            "rebuilds it from the versions present"
+        ) from None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise DatasetError(f"{where}: field 'version' is {version!r}, not a version number")
+    check_checksum(body, where)
+    return version
 
 
 @dataclass(frozen=True)
@@ -253,6 +306,7 @@ class Manifest:
             "last_complete_version": self.last_complete_version,
             "history": [dict(h) for h in self.history],
         }
+        body["checksum"] = checksum(body)
         return (json.dumps(body, indent=1) + "\n").encode()
 
     def legacy_json(self) -> bytes:
@@ -312,7 +366,35 @@ class Root:
         return refs
 
 
+# Fields every root must have, with their JSON types (format 2 adds _ROOT_FIELDS_V2).
+_ROOT_FIELDS = {
+    "version": int,
+    "created_at": str,
+    "schema_version": int,
+    "provenance": dict,
+}
+_ROOT_FIELDS_V2 = {"lineage": dict, "totals": dict, "segments": list}
+
+
+def _check_fields(body: Mapping[str, Any], fields: Mapping[str, type], where: str) -> None:
+    for name, kind in fields.items():
+        if name not in body:
+            raise DatasetError(f"{where}: field {name!r} is missing")
+        value = body[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise DatasetError(
+                f"{where}: field {name!r} is {type(value).__name__} {str(value)[:40]!r}, "
+                f"expected {kind.__name__}"
+            )
+    parent = body.get("parent_version", "missing")
+    if parent == "missing":
+        raise DatasetError(f"{where}: field 'parent_version' is missing")
+    if parent is not None and (not isinstance(parent, int) or isinstance(parent, bool)):
+        raise DatasetError(f"{where}: field 'parent_version' is {parent!r}, expected int or null")
+
+
 def parse_root(text: str | bytes, where: str) -> Root:
+    """A root's JSON, checked: format, required fields and their types, checksum."""
     try:
         body = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -327,6 +409,8 @@ def parse_root(text: str | bytes, where: str) -> Root:
             f"{where}: manifest_version {mv!r} is not supported (this code reads "
             f"{list(READABLE_MANIFEST_VERSIONS)}; data written by newer code needs a newer dspark-targets)"
         )
+    _check_fields(body, _ROOT_FIELDS if mv == 1 else {**_ROOT_FIELDS, **_ROOT_FIELDS_V2}, where)
+    check_checksum(body, where)
     return Root(body, int(mv), where)
 
 

@@ -24,6 +24,12 @@ backoff and jitter; everything else (412, 403, 404) surfaces at once.
 Credentials come from the environment / AWS config as boto would find them;
 they are never stored here, logged, or written into manifests. The endpoint is
 `endpoint_url` or `AWS_ENDPOINT_URL`, for MinIO, Ceph or a loopback test server.
+A URI or endpoint carrying a user and password is refused (the S3 client
+cannot use them), with the password masked in the message.
+
+`clock()` is the store's own time (S3: the `Date` of a response; local: this
+host's), the clock that stamps `ObjectInfo.mtime`: ages of objects are judged
+against it, never against a writer's clock.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from pipeline.redact import strip_userinfo
 from pipeline.storage.base import (
     AlreadyExists,
     ObjectInfo,
@@ -42,6 +49,7 @@ from pipeline.storage.base import (
     UploadInfo,
     check_key,
     is_transient,
+    is_unreachable,
     path_under,
 )
 from pipeline.storage.local import LocalStorage, write_text_atomic
@@ -58,6 +66,7 @@ __all__ = [
     "UploadInfo",
     "check_key",
     "is_transient",
+    "is_unreachable",
     "open_storage",
     "path_under",
     "write_text_atomic",
@@ -75,7 +84,8 @@ def open_storage(uri: str | Path, *, endpoint_url: str | None = None) -> Storage
         return S3Storage(text, endpoint_url=endpoint_url)
     if "://" in text and not text.startswith("file://"):
         raise ValueError(
-            f"unsupported storage URI {text!r}: use a local path or s3://bucket/prefix"
+            f"unsupported storage URI {strip_userinfo(text)!r}: use a local path or "
+            "s3://bucket/prefix"
         )
     if endpoint_url:
         log.warning("endpoint_url is ignored for local path %s", text)

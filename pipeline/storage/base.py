@@ -69,6 +69,7 @@ class Storage(Protocol):
     def read_tagged(self, key: str) -> tuple[bytes, str] | None: ...
     def put_if_match(self, key: str, data: bytes, tag: str | None) -> str: ...
     def delete(self, key: str) -> None: ...
+    def clock(self) -> float: ...
     def storage_options(self) -> dict: ...
     def arrow_filesystem(self) -> tuple[Any, str]: ...
 
@@ -158,24 +159,45 @@ def is_transient(err: BaseException) -> bool:
     )
 
 
+def is_unreachable(err: BaseException) -> bool:
+    """True when no connection to the endpoint could be made at all (nothing was sent)."""
+    if isinstance(err, ConnectionRefusedError):
+        return True
+    try:
+        from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+        return isinstance(err, (ConnectTimeoutError, EndpointConnectionError))
+    except ImportError:  # pragma: no cover - botocore comes with s3fs
+        return False
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter, for transient errors only."""
+    """Exponential backoff with full jitter, for transient errors only.
+
+    An endpoint that accepts no connection is retried only within
+    `unreachable_budget_s` (a restarting server comes back in seconds; a wrong
+    endpoint should fail quickly, in one line)."""
 
     num_attempts: int = 5
     base_delay_s: float = 0.2
     max_delay_s: float = 10.0
+    unreachable_budget_s: float = 6.0
 
     def __post_init__(self) -> None:
         if self.num_attempts < 1:
             raise ValueError(f"RetryPolicy.num_attempts must be >= 1, got {self.num_attempts}")
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
+        started = time.monotonic()
         for attempt in range(1, self.num_attempts + 1):
             try:
                 return fn()
             except Exception as err:
-                if attempt == self.num_attempts or not is_transient(err):
+                over_budget = (
+                    is_unreachable(err) and time.monotonic() - started >= self.unreachable_budget_s
+                )
+                if attempt == self.num_attempts or not is_transient(err) or over_budget:
                     # How many tries it took, for the one-line message the CLI prints.
                     err.storage_attempts = attempt  # type: ignore[attr-defined]
                     raise

@@ -166,6 +166,10 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def clock(self) -> float:
+        """The store's time: this host's, which stamps the files' mtimes."""
+        return time.time()
+
     def storage_options(self) -> dict:
         return {}
 

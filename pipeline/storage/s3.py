@@ -64,10 +64,16 @@ class S3Storage:
         import s3fs
 
         if not uri.startswith("s3://"):
-            raise ValueError(f"S3Storage needs an s3:// URI, got {uri!r}")
+            raise ValueError(f"S3Storage needs an s3:// URI, got {strip_userinfo(uri)!r}")
         bucket_prefix = uri[len("s3://") :].strip("/")
         if not bucket_prefix:
             raise ValueError(f"{uri!r} names no bucket; use s3://bucket/prefix")
+        if "@" in bucket_prefix.partition("/")[0]:
+            raise ValueError(
+                f"{strip_userinfo(uri)}: a dataset URI cannot carry credentials (the S3 client "
+                "does not use them); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                "AWS_PROFILE) and drop the user:password@ part"
+            )
         self.uri = f"s3://{bucket_prefix}"
         self.bucket, _, self.prefix = bucket_prefix.partition("/")
         self.endpoint_url = (
@@ -75,6 +81,12 @@ class S3Storage:
             or os.environ.get("AWS_ENDPOINT_URL_S3")
             or os.environ.get("AWS_ENDPOINT_URL")
         )
+        if self.endpoint_url and strip_userinfo(self.endpoint_url) != self.endpoint_url:
+            raise ValueError(
+                f"endpoint URL {strip_userinfo(self.endpoint_url)} carries a user and password, "
+                "which the S3 client refuses; give the endpoint without them and the keys as "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
         self.retry = retry or RetryPolicy()
         # Only the endpoint is ours to pass; keys stay with boto's own lookup.
         self._options = {"endpoint_url": self.endpoint_url} if self.endpoint_url else {}
@@ -88,6 +100,7 @@ class S3Storage:
                 "retries": {"max_attempts": 1, "mode": "standard"},
             },
         )
+        self.fs.retries = 1  # s3fs's own loop (5 tries) would nest inside `self.retry`
 
     def __repr__(self) -> str:
         endpoint = strip_userinfo(self.endpoint_url) if self.endpoint_url else None
@@ -255,6 +268,18 @@ class S3Storage:
 
     def delete(self, key: str) -> None:
         self.retry.call("delete", lambda: self.fs.rm_file(self._path(key)))
+
+    def clock(self) -> float:
+        """The store's time: the `Date` of a one-key listing (the clock of `LastModified`)."""
+        from email.utils import parsedate_to_datetime
+
+        reply = self.retry.call(
+            "clock",
+            lambda: self.fs.call_s3(
+                "list_objects_v2", Bucket=self.bucket, Prefix=self._key("_clock"), MaxKeys=1
+            ),
+        )
+        return parsedate_to_datetime(reply["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
 
     def storage_options(self) -> dict:
         """fsspec options for other readers (datasets, pandas): the endpoint only."""

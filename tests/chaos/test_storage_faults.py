@@ -196,7 +196,7 @@ def test_a_multipart_shard_upload_killed_half_way(s3_uri, moto_endpoint, monkeyp
     assert not [o.key for o in storage.list("shards/") if "unit-big" in o.key]  # nothing visible
     (left,) = storage.list_uploads("shards/")
     assert ds.latest_version() == 1 and verify_dataset(s3_uri).ok
-    gc = gc_dataset(s3_uri, min_age_s=0, delete=True)
+    gc = gc_dataset(s3_uri, min_age_s=0, unsafe_min_age=True, delete=True)
     assert [u.key for u in gc.stale_uploads] == [left.key] and storage.list_uploads() == []
     # The redo: a new attempt of the unit, a multipart shard of three parts, committed.
     samples = [sample(i, "unit-big", num_tokens=4096) for i in range(64)]

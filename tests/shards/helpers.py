@@ -62,3 +62,24 @@ def write_unit(dataset, unit: str, num_samples: int, codec: str = "bf16", **kwar
         for s in samples:
             writer.write(s)
     return writer.info, samples
+
+
+def assert_exactly_once(uri, samples, **reader_kwargs) -> None:
+    """Every sample in `samples` is readable from the latest version exactly once, bit-exact,
+    nothing else is there, and `verify` finds the version clean."""
+    from pipeline.shards.inspection import verify_dataset
+    from pipeline.shards.reader import ShardReader
+
+    want = {s.sample_id: s for s in samples}
+    got = list(ShardReader(uri, prefetch=0, **reader_kwargs))
+    ids = [s.sample_id for s in got]
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} samples read twice"
+    assert set(ids) == set(want), (
+        f"missing {sorted(set(want) - set(ids))[:3]}, unexpected {sorted(set(ids) - set(want))[:3]}"
+    )
+    for s in got:
+        assert s.hidden_states.view(torch.int16).equal(
+            want[s.sample_id].hidden_states.view(torch.int16)
+        )
+    report = verify_dataset(str(uri), **reader_kwargs)
+    assert report.ok, report.to_text()

@@ -63,7 +63,7 @@ def test_kill_mid_write_leaves_no_partial_shard(root):
     assert verify_dataset(root).ok
     if not root.startswith("s3://"):
         # Local disk keeps the killed writer's hidden temp file; gc finds it.
-        leftovers = [o.key for o in gc_dataset(root, min_age_s=0).garbage]
+        leftovers = [o.key for o in gc_dataset(root, min_age_s=0, unsafe_min_age=True).garbage]
         assert len(leftovers) == 1 and leftovers[0].startswith("shards/.unit-b.")
         assert ".parquet.tmp-" in leftovers[0]
 
@@ -78,7 +78,7 @@ def test_kill_between_data_and_manifest_then_resume(root):
     assert ds.latest_version() == 1
     assert ds.committed_units() == {"unit-a"}  # resume redoes unit-b
     assert [s.sample_id for s in ShardReader(root)] == ids_v1
-    assert [o.key for o in gc_dataset(root, min_age_s=0).garbage] == [orphan]
+    assert [o.key for o in gc_dataset(root, min_age_s=0, unsafe_min_age=True).garbage] == [orphan]
     # Resume: the unit is redone (a new attempt, a new name) and committed exactly once.
     info, samples = write_unit(ds, "unit-b", 3)
     assert info.path != orphan
@@ -86,7 +86,7 @@ def test_kill_between_data_and_manifest_then_resume(root):
     got = [s.sample_id for s in ShardReader(root)]
     assert got == ids_v1 + [s.sample_id for s in samples]
     assert len(set(got)) == len(got)
-    assert [o.key for o in gc_dataset(root, min_age_s=0).garbage] == [orphan]
+    assert [o.key for o in gc_dataset(root, min_age_s=0, unsafe_min_age=True).garbage] == [orphan]
 
 
 def test_two_committer_processes_race_for_one_version(root, tmp_path):
@@ -110,5 +110,7 @@ def test_two_committer_processes_race_for_one_version(root, tmp_path):
     assert units in ({"unit-a", "unit-x"}, {"unit-a", "unit-y"})
     assert ds.latest_version() == 2
     # The loser's shard, and the sample index and segment its commit wrote, are garbage.
-    garbage = sorted(o.key.split("/")[0] for o in gc_dataset(root, min_age_s=0).garbage)
+    garbage = sorted(
+        o.key.split("/")[0] for o in gc_dataset(root, min_age_s=0, unsafe_min_age=True).garbage
+    )
     assert garbage == ["index", "manifests", "shards"]

@@ -91,16 +91,16 @@ def test_cli_verify_exits_nonzero_naming_the_shard(dataset):
 
 def test_gc_lists_then_deletes_only_unreferenced_files(dataset):
     orphan, _ = write_unit(dataset, "unit-orphan", 1)
-    report = gc_dataset(dataset.uri, min_age_s=0)
+    report = gc_dataset(dataset.uri, min_age_s=0, unsafe_min_age=True)
     assert [o.key for o in report.garbage] == [orphan.path] and not report.deleted
     assert dataset.storage.exists(orphan.path)  # dry run by default
-    young = gc_dataset(dataset.uri, min_age_s=3600, delete=True)
+    young = gc_dataset(dataset.uri, min_age_s=3600, unsafe_min_age=True, delete=True)
     assert young.garbage == () and [o.key for o in young.young] == [orphan.path]
     assert dataset.storage.exists(orphan.path)  # too young: may be about to be committed
-    gc_dataset(dataset.uri, min_age_s=0, delete=True)
+    gc_dataset(dataset.uri, min_age_s=0, unsafe_min_age=True, delete=True)
     assert not dataset.storage.exists(orphan.path)
     assert verify_dataset(dataset.uri).ok and verify_dataset(dataset.uri, version=1).ok
-    assert gc_dataset(dataset.uri, min_age_s=0).garbage == ()
+    assert gc_dataset(dataset.uri, min_age_s=0, unsafe_min_age=True).garbage == ()
 
 
 def test_cli_inspect_and_gc(dataset):
@@ -108,10 +108,16 @@ def test_cli_inspect_and_gc(dataset):
     out = runner.invoke(cli, ["inspect", dataset.uri])
     assert out.exit_code == 0 and _key(dataset, "unit-c") in out.output
     orphan, _ = write_unit(dataset, "unit-orphan", 1)
-    dry = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0"])
+    refused = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0"])
+    assert refused.exit_code == 1 and "pass --unsafe-min-age" in refused.output
+    for bad in ("-5", "nan"):
+        out = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", bad, "--unsafe-min-age"])
+        assert out.exit_code == 1 and "--min-age-hours must be a finite age >= 0" in out.output
+    unsafe = ["--min-age-hours", "0", "--unsafe-min-age"]
+    dry = runner.invoke(cli, ["gc", dataset.uri, *unsafe])
     assert dry.exit_code == 0 and f"would delete {orphan.path}" in dry.output
     assert "--delete" in dry.output
-    done = runner.invoke(cli, ["gc", dataset.uri, "--min-age-hours", "0", "--delete"])
+    done = runner.invoke(cli, ["gc", dataset.uri, *unsafe, "--delete"])
     assert done.exit_code == 0 and f"deleted {orphan.path}" in done.output
     assert not dataset.storage.exists(orphan.path)
 

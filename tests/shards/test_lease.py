@@ -8,6 +8,7 @@ import time
 import pytest
 
 from pipeline.shards import lease
+from pipeline.shards.gc import gc_dataset
 from pipeline.shards.lease import (
     LeaseHeld,
     LeaseLost,
@@ -16,9 +17,9 @@ from pipeline.shards.lease import (
     live_sessions,
     read_lease,
 )
-from pipeline.shards.manifest import Dataset
+from pipeline.shards.manifest import CommitConflict, Dataset
 
-from .helpers import write_unit
+from .helpers import assert_exactly_once, write_unit
 
 
 def test_one_holder_at_a_time_and_the_second_names_the_first(root):
@@ -130,12 +131,17 @@ def test_a_lease_put_whose_reply_was_lost_is_adopted_not_lost(root):
         assert read_lease(ds).session == nxt.id
 
 
-def test_a_zombie_commit_after_a_takeover_is_refused_by_the_store(root, monkeypatch):
-    """The old holder passes its clock fence, pauses past its lease, then puts its root."""
+@pytest.mark.parametrize("gc_in_the_pause", [False, True], ids=["no gc", "gc in the pause"])
+def test_a_zombie_commit_after_a_takeover_is_refused_by_the_store(
+    root, monkeypatch, gc_in_the_pause
+):
+    """The old holder passes its clock fence, pauses past its lease, then puts its root.
+    With gc --keep-versions 1 in the pause, the fencing version is retired, not deleted:
+    its number stays taken and the zombie's put is still refused."""
     monkeypatch.setattr(lease, "CLOCK_MARGIN_S", 0.2)
     zombie_ds, ds = Dataset.open(root), Dataset.open(root)
     old = WriteSession(zombie_ds, owner="paused", ttl_s=0.6).start()
-    first, _ = write_unit(zombie_ds, "unit-a", 2)
+    first, first_samples = write_unit(zombie_ds, "unit-a", 2)
     zombie_ds.commit([first], fence=old.check)
     old._stop.set()  # its heartbeats stop
     late, _ = write_unit(zombie_ds, "unit-b", 2)
@@ -157,14 +163,50 @@ def test_a_zombie_commit_after_a_takeover_is_refused_by_the_store(root, monkeypa
     paused.wait(10)
     new = WriteSession(ds, owner="successor", ttl_s=30).start(wait_s=5, poll_s=0.1)
     planned_on = ds.latest_version()  # the successor plans its commit...
+    own, own_samples = write_unit(ds, "unit-c", 2)
+    if gc_in_the_pause:  # the successor commits and gc retires everything older, first
+        published = ds.commit([own], parent_version=planned_on, fence=new.check)
+        report = gc_dataset(root, keep_versions=1, min_age_s=0, unsafe_min_age=True, delete=True)
+        assert planned_on in report.expired
     resume.set()  # ...the zombie wakes and puts its root...
     thread.join(10)
-    own, _ = write_unit(ds, "unit-c", 2)
-    published = ds.commit([own], parent_version=planned_on, fence=new.check)  # ...no conflict
-    assert isinstance(outcome[0], Exception), f"the zombie published version {outcome[0].version}"
+    if not gc_in_the_pause:
+        published = ds.commit([own], parent_version=planned_on, fence=new.check)  # no conflict
+    assert isinstance(outcome[0], CommitConflict), f"the zombie got {outcome[0]!r}"
     fresh = Dataset.open(root)
-    sessions = [fresh.manifest(v).commit.get("session") for v in range(1, published.version + 1)]
-    assert old.id not in sessions[1:]  # nothing of the old holder's after the takeover
+    live = [v for v in fresh.versions() if v not in fresh.retired_versions()]
+    sessions = [fresh.manifest(v).commit.get("session") for v in live]
+    assert old.id not in sessions[1:] and published.version == fresh.latest_version()
     assert {e.path for e in fresh.manifest().shards} == {first.path, own.path}
+    assert_exactly_once(root, first_samples + own_samples)
     new.close()
     old.close()
+
+
+class _SkewedTime:
+    """The writer's clock, `offset_s` off the store's (durations and sleeps are real)."""
+
+    def __init__(self, offset_s: float) -> None:
+        self.offset_s = offset_s
+
+    def time(self) -> float:
+        return time.time() + self.offset_s
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize("offset_s", [30.0, -90.0], ids=["30 s ahead", "90 s behind"])
+def test_a_skewed_writer_clock_changes_nothing_gc_decides(root, monkeypatch, offset_s):
+    """gc judges sessions and files on the store's clock: a live writer whose clock is off
+    keeps its uncommitted shard through gc, and its commit lands."""
+    ds = Dataset.open(root)
+    first, committed = write_unit(ds, "unit-a", 2)
+    ds.commit([first])
+    monkeypatch.setattr(lease, "time", _SkewedTime(offset_s))
+    with WriteSession(ds, owner="skewed writer", ttl_s=60) as session:
+        waiting, samples = write_unit(ds, "unit-b", 3)  # finished, waiting for its commit
+        report = gc_dataset(root, min_age_s=0, unsafe_min_age=True, delete=True)
+        assert [o.key for o in report.in_flight] == [waiting.path] and report.garbage == ()
+        assert ds.commit([waiting], fence=session.check).version == 2
+    assert_exactly_once(root, committed + samples)

@@ -16,6 +16,7 @@ from shards.helpers import write_unit
 
 from pipeline.shards.manifest import Dataset, DatasetError, manifest_key
 from pipeline.shards.reader import ShardReader
+from pipeline.shards.versions import checksum
 from pipeline.storage import UnsafePath, check_key, path_under
 
 BAD = ["../outside.parquet", "/etc/passwd", "shards/../../outside.parquet", "", "shards//a"]
@@ -41,6 +42,8 @@ def committed(tmp_path):
 
 
 def _publish_root(ds: Dataset, body: dict) -> None:
+    """A crafted root with a matching checksum (a forger can compute one too)."""
+    body = {**body, "checksum": checksum(body)}
     ds.storage.put_if_absent(manifest_key(body["version"]), json.dumps(body).encode())
 
 

@@ -68,13 +68,17 @@ def test_a_run_pins_its_version_against_gc_until_it_is_finished(own_shards, tmp_
     (name,) = pins
     gone = ds.manifest().shards[0]
     ds.commit([], remove=[gone.path])  # a refresh replaces a shard: version 2
-    report = gc_dataset(str(own_shards), keep_versions=1, delete=True, min_age_s=0)
+    report = gc_dataset(
+        str(own_shards), keep_versions=1, delete=True, min_age_s=0, unsafe_min_age=True
+    )
     assert 1 in report.retained and f"version 1 (pinned by {name})" in report.to_text()
     assert ds.storage.exists(gone.path)
     resumed = train(_config(own_shards, tmp_path / "cut"), export=False)  # reads version 1
     assert [m["step"] for m in resumed.metrics] == list(range(1, 9))
     assert pinned_versions(ds) == {}  # finished: released
-    report = gc_dataset(str(own_shards), keep_versions=1, delete=True, min_age_s=0)
+    report = gc_dataset(
+        str(own_shards), keep_versions=1, delete=True, min_age_s=0, unsafe_min_age=True
+    )
     assert report.pins == () and name not in report.to_text()
 
 
