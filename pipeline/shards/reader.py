@@ -350,13 +350,24 @@ def wait_for_first_version(dataset: Dataset, poll_s: float, timeout_s: float | N
 
 
 def _next_kept(dataset: Dataset, after: int, latest: int) -> Manifest:
-    """The first version after `after` whose root is still there (gc may expire some)."""
+    """The first version after `after` that still stands: not retired by gc, and not
+    replaced by a copy of its parent (a commit that landed late without its files)."""
     for v in range(after + 1, latest):
+        if _replaced(dataset, v):
+            log.warning("a follower skips version %d: version %d replaces it", v, v + 1)
+            continue
         try:
             return dataset.manifest(v)
         except DatasetError as err:
             log.warning("a follower skips version %d: %s", v, err)
     return dataset.manifest(latest)
+
+
+def _replaced(dataset: Dataset, version: int) -> bool:
+    try:
+        return dataset.manifest(version + 1).commit.get("reverts") == version
+    except DatasetError:
+        return False
 
 
 def next_version(
