@@ -4,9 +4,10 @@ Layout of a dataset root (local directory or s3://bucket/prefix):
 
     shards/<unit>.<attempt>.parquet   immutable data files, written create-only
     index/<unit>.<attempt>.json       per-shard sample index: ids + input hashes (sidecar.py)
-    manifests/v000001.json            one root per version (create-only, never modified)
+    manifests/v000001.json            one root per version (create-only, never modified or deleted)
+    manifests/retired/v000001.json    gc's marker: the version is retired, its files may be gone
     manifests/segments/*.json         immutable lists of shard entries the roots name (segments.py)
-    _latest                           {"version": N}: pointer to the newest version
+    _latest                           {"version": N, "checksum": ...}: pointer to the newest version
     _lease, _sessions/, _pins/        writer lease, write sessions (lease.py), reader pins (pins.py)
     README.md                         the dataset card, rewritten at every commit (card.py)
     errors/<name>.jsonl               rows a run could not use, with the reason (no manifest names them)
