@@ -448,7 +448,13 @@ class Dataset:
         point and raises if this committer may no longer publish (a lost lease);
         `fencing` marks the empty version a writer publishes after a takeover.
 
-        Raises CommitConflict if the parent's successor was published meanwhile;
+        A commit that changes nothing (its shards are all in the parent: a retry of
+        one that landed) returns the parent and publishes nothing.
+
+        Raises CommitConflict if the parent's successor was published meanwhile (or
+        is a fencing version, or one gc retired: numbers are never reused);
+        StaleCommit (commit.py) if a new shard was written longer ago than the
+        commit bound (retention.py), or the root landed that late and a file was gone;
         DuplicateSampleError if the version would list a sample id twice;
         LineageMismatch if a shard's provenance differs from the lineage's;
         ImmutableShardError if a path in the parent would change; DatasetError
