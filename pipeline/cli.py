@@ -688,8 +688,8 @@ def self_prompts(config_path: Path, overrides: tuple[str, ...]) -> None:
       dspark-targets self-prompts --config pipeline/demo/configs/real-smollm2.yaml
     """
     from pipeline.config import ConfigError, parse_overrides
-    from pipeline.corpus.self_prompts import ensure_self_prompts
     from pipeline.regenerate.config import load_config
+    from pipeline.regenerate.self_prompts import ensure_self_prompts
 
     config = load_config(config_path, overrides=parse_overrides(list(overrides)))
     if config.corpus.self_prompts is None:

@@ -74,7 +74,7 @@ def _start(
     from pipeline.shards.sink import DatasetSink
 
     if config.corpus.self_prompts is not None:  # before the lease: it runs the target once
-        from pipeline.corpus.self_prompts import ensure_self_prompts
+        from pipeline.regenerate.self_prompts import ensure_self_prompts
 
         ensure_self_prompts(config.corpus.self_prompts, config.target)
     dataset = Dataset.open(config.output.uri, endpoint_url=config.output.endpoint_url)
