@@ -57,10 +57,10 @@ def test_every_relative_link_resolves_inside_the_repository(page):
 def test_the_link_check_catches_a_broken_link(tmp_path):
     page = ROOT / "docs" / "design.md"
     bad = tmp_path / "x.md"
-    bad.write_text(f"[a]({page}#no-such-heading) [b](../../shared/DESIGN.md)\n")
+    bad.write_text(f"[a]({page}#no-such-heading) [b](../../elsewhere/NOTES.md)\n")
     problems = problems_of(bad)
     assert any("no heading #no-such-heading" in p for p in problems)
-    assert any("DESIGN.md" in p for p in problems)
+    assert any("NOTES.md" in p for p in problems)
 
 
 def test_design_pointers_in_code_and_configs_name_real_headings():

@@ -72,6 +72,14 @@ def _macro(acc: np.ndarray, rounds: np.ndarray, draws: list[np.ndarray]) -> np.n
     return np.mean(taus, axis=0)
 
 
+def _observed(domain: Sequence[str]) -> list[np.ndarray]:
+    """Every sample once, per domain: `_macro` over these is the observed macro tau."""
+    by: dict[str, list[int]] = {}
+    for i, d in enumerate(domain):
+        by.setdefault(d, []).append(i)
+    return [np.asarray(v)[None] for _, v in sorted(by.items())]
+
+
 def _draws(strata: list[np.ndarray], resamples: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [s[rng.integers(0, len(s), size=(resamples, len(s)))] for s in strata]
@@ -107,10 +115,7 @@ def ratio_interval(
         raise ValueError("the same sample ids carry different domains: not the same samples")
     acc_a, rnd_a = np.asarray(a.accepted), np.asarray(a.rounds)
     acc_b, rnd_b = np.asarray(b.accepted), np.asarray(b.rounds)
-    by: dict[str, list[int]] = {}
-    for i, d in enumerate(a.domain):
-        by.setdefault(d, []).append(i)
-    full = [np.asarray(v)[None] for _, v in sorted(by.items())]  # the observed samples
+    full = _observed(a.domain)
     point = float(_macro(acc_a, rnd_a, full)[0] / _macro(acc_b, rnd_b, full)[0])
     strata = _strata(a.domain)
     if strata is None:
@@ -135,12 +140,9 @@ def unpaired_ratio_interval(
     sides = []
     for k, side in enumerate((num, den)):
         acc, rounds = np.asarray(side.accepted), np.asarray(side.rounds)
-        by: dict[str, list[int]] = {}
-        for i, d in enumerate(side.domain):
-            by.setdefault(d, []).append(i)
-        if not by:
+        if not side.domain:
             raise ValueError("a side of the ratio has no evaluated sample")
-        full = [np.asarray(v)[None] for _, v in sorted(by.items())]
+        full = _observed(side.domain)
         strata = _strata(side.domain)
         draws = None if strata is None else _draws(strata, resamples, seed + k)
         sides.append((acc, rounds, full, draws))

@@ -1,6 +1,6 @@
 """The replica actor: one target replica, fed continuously, writing its units' shards.
 
-The actor is a thin wrapper (STYLE.md) around a capturing backend and the
+The actor is a thin wrapper around a capturing backend and the
 `EngineFeeder`; all logic lives there and in `unit_job.py`, so it is testable
 without Ray. `pool.py` starts, places and stops these actors.
 """
