@@ -7,6 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from pipeline.cli import cli
+from pipeline.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = (
@@ -68,6 +69,21 @@ def help_examples() -> list[tuple[str, list[str]]]:
     return out
 
 
+def _packaged_target_missing(message: str) -> bool:
+    """Whether a config error is only that a packaged target's wheel is not installed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from pipeline.targets.gguf import PACKAGED_GGUFS
+
+    for packaged in PACKAGED_GGUFS.values():
+        if f"package {packaged.distribution!r}, which is not installed" in message:
+            try:
+                distribution(packaged.distribution)
+            except PackageNotFoundError:
+                return True
+    return False
+
+
 def test_every_command_has_an_example_and_every_example_parses():
     examples = help_examples()
     named = {argv[0] for _, argv in examples}
@@ -90,7 +106,13 @@ def test_every_command_has_an_example_and_every_example_parses():
             }.get(argv[0], "pipeline.regenerate.config:load_config")
             module, func = loader.split(":")
             load = getattr(importlib.import_module(module), func)
-            load(ROOT / ctx.params["config_path"], parse_overrides(ctx.params["overrides"]))
+            try:
+                load(ROOT / ctx.params["config_path"], parse_overrides(ctx.params["overrides"]))
+            except ConfigError as err:
+                # A real target's config validates only where its package is installed
+                # (make setup-real); the clean-clone suite has the toy targets alone.
+                if not _packaged_target_missing(str(err)):
+                    raise
 
 
 def test_set_examples_in_option_help_name_keys_of_that_commands_config():
