@@ -146,7 +146,7 @@ def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, in
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from pipeline.corpus.records import sample_id
+    from pipeline.corpus.identity import sample_id
     from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt
 
     gen = config.generation
@@ -213,7 +213,7 @@ def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, 
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from pipeline.corpus.records import sample_id
+    from pipeline.corpus.identity import sample_id
     from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt
 
     gen, engine = config.generation, llm.llm_engine

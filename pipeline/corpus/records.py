@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from pipeline.corpus.identity import sample_id
 
 # A normalised message: {"role", "content"}, plus "tool_calls" (assistant), "tool_call_id" /
 # "name" (tool) and "tools" (first message only) where the source has them; see formats.py.
 Message = dict[str, Any]
 
 
-def conversation_hash(messages: list[Message]) -> str:
-    """Content hash of a normalised conversation (canonical JSON, sha256)."""
-    payload = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def sample_id(conv_hash: str, turn: int) -> str:
-    """Id of the row for answer `turn` (0-based) of a conversation: stable across runs."""
-    return f"{conv_hash[:32]}-{turn:03d}"
-
-
 @dataclass(frozen=True)
 class Conversation:
-    conversation_id: str  # conversation_hash(messages): equal content, equal id
+    conversation_id: str  # identity.conversation_hash(messages): equal content, equal id
     source: str  # corpus name (config `name`, else the path)
     domain: str
     messages: tuple[Message, ...]

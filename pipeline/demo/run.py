@@ -132,7 +132,7 @@ def answers_table(
     from transformers import AutoTokenizer
 
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.corpus.records import sample_id
+    from pipeline.corpus.identity import sample_id
     from pipeline.shards.reader import ShardReader
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -28,12 +28,13 @@ round) and the verify rate (share of the block the target verifies).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pipeline.corpus.identity import unit_interval
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +46,7 @@ CALIBRATION_FILE = "confidence_calibration.json"
 
 def in_calibration_split(sample_id: str, fraction: float) -> bool:
     """Stable split of the held-out samples (a hash, independent of the train/held-out hash)."""
-    h = int.from_bytes(hashlib.sha256(f"calibration:{sample_id}".encode()).digest()[:8], "big")
-    return h / 2**64 < fraction
+    return unit_interval(f"calibration:{sample_id}") < fraction
 
 
 def expected_calibration_error(

@@ -1,7 +1,7 @@
 """Deterministic work units, planned over the samples a dataset version does not hold yet.
 
 **Buckets.** A conversation's bucket is its partition key (a hash of its
-content, `shards.sidecar.partition_key`, equal for all its turns) cut into
+content, `corpus.identity.partition_key`, equal for all its turns) cut into
 the lineage's fixed bucket space (`num_buckets`, chosen once when the
 lineage starts and stored in its manifest), so it never depends on the
 corpus size: adding conversations changes no committed unit.
@@ -30,8 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.corpus.records import Conversation, sample_id
-from pipeline.shards.sidecar import bucket_of, input_hash, partition_key
+from pipeline.corpus.identity import input_hash, partition_key, sample_id
+from pipeline.corpus.records import Conversation
+from pipeline.shards.sidecar import bucket_of
 
 
 @dataclass(frozen=True)

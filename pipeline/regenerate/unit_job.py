@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.corpus.records import Conversation, RowError, sample_id
+from pipeline.corpus.identity import sample_id
+from pipeline.corpus.records import Conversation, RowError
 from pipeline.regenerate.partition import WorkUnit
 from pipeline.regenerate.pending import PendingSample
 from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt

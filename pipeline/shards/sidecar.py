@@ -20,7 +20,7 @@ the exactly-once check, like rows.
 Shards of manifest format 1 have no sidecar; `read_index` then reads the id,
 domain and source columns of the file itself.
 
-The partition key of a sample (`partition_key`) is a 64-bit hash of its
+The partition key of a sample (`corpus.identity.partition_key`) is a 64-bit hash of its
 conversation part (the sample id without its `-<turn>` suffix), so every turn
 of a conversation has the same key and a conversation's bucket never depends
 on the corpus size. Shard entries record the key range of their members;
@@ -29,11 +29,12 @@ the exactly-once check compares only shards whose ranges overlap.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from pipeline.corpus.identity import KEY_BITS, input_hash, partition_key
 
 if TYPE_CHECKING:
     from pipeline.storage import Storage
@@ -41,24 +42,11 @@ if TYPE_CHECKING:
 SIDECAR_FORMAT = "dspark-targets.sidecar"
 SIDECAR_VERSION = 1
 SIDECAR_PREFIX = "index/"
-KEY_BITS = 64
-
-
-def partition_key(sample_id: str) -> int:
-    """64-bit key of a sample's conversation: equal for every turn, uniform over the space."""
-    group = sample_id.rsplit("-", 1)[0] if "-" in sample_id else sample_id
-    return int(hashlib.sha256(group.encode()).hexdigest()[:16], 16)
 
 
 def bucket_of(key: int, num_buckets: int) -> int:
     """Bucket of a partition key when the key space is cut into `num_buckets` equal ranges."""
     return (key * num_buckets) >> KEY_BITS
-
-
-def input_hash(sample_id: str, domain: str, source: str) -> str:
-    """What a sample was made from besides its id (the id hashes the conversation itself)."""
-    blob = f"{sample_id}|{domain}|{source}".encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def sidecar_key(shard_path: str) -> str:

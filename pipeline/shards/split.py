@@ -25,10 +25,10 @@ pipeline/train/data.py builds epochs, following and batches on top of it
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.corpus.identity import unit_interval
 from pipeline.shards.manifest import Dataset, Manifest, ShardEntry
 from pipeline.shards.reader import TrainingSample, decode_rows, open_shard, read_row_group
 from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
@@ -50,8 +50,7 @@ def is_heldout(sample_id: str, fraction: float) -> bool:
     """Stable across runs and machines: a hash of the id, not a random draw."""
     if fraction <= 0:
         return False
-    h = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big")
-    return h / 2**64 < fraction
+    return unit_interval(sample_id) < fraction
 
 
 def missing_layers(layers: Sequence[int], captured: Sequence[int]) -> str | None:

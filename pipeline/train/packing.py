@@ -14,11 +14,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 
+from pipeline.corpus.identity import hash64
 from pipeline.drafts.common import DraftInputs
 from pipeline.drafts.spec import DraftSpec
 from pipeline.shards.reader import TrainingSample
@@ -60,8 +60,7 @@ class TrainBatch:
 
 def derived_seed(*parts: object) -> int:
     """A 63-bit seed from its parts (stable across runs and machines)."""
-    blob = "/".join(str(p) for p in parts).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") & ((1 << 63) - 1)
+    return hash64("/".join(str(p) for p in parts)) & ((1 << 63) - 1)
 
 
 def choose_anchors(

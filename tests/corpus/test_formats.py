@@ -110,7 +110,7 @@ AGENTIC = [
 def test_plain_conversations_keep_their_hashes():
     # Committed datasets are keyed by these: the normalised form of plain
     # {role, content} conversations must never change.
-    from pipeline.corpus.records import conversation_hash
+    from pipeline.corpus.identity import conversation_hash
 
     plain = {
         "messages": [

@@ -1,4 +1,5 @@
-from pipeline.corpus.records import Conversation, conversation_hash
+from pipeline.corpus.identity import conversation_hash
+from pipeline.corpus.records import Conversation
 from pipeline.regenerate.partition import num_buckets_for, plan_units, run_fingerprint
 
 

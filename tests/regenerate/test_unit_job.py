@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from pipeline.corpus.records import Conversation, conversation_hash, sample_id
+from pipeline.corpus.identity import conversation_hash, sample_id
+from pipeline.corpus.records import Conversation
 from pipeline.regenerate.config import parse_config
 from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.partition import plan_units

@@ -3,7 +3,8 @@
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline.corpus.records import Conversation, sample_id
+from pipeline.corpus.identity import sample_id
+from pipeline.corpus.records import Conversation
 from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 from pipeline.regenerate.config import parse_config
 from pipeline.regenerate.partition import plan_units

@@ -16,7 +16,6 @@ asks about the same world.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from pipeline.config import ConfigModel
+from pipeline.corpus.identity import conversation_hash
 from pipeline.corpus.synthetic.domains import DOMAINS
 
 Message = dict[str, str]
@@ -60,9 +60,8 @@ class SyntheticCorpusConfig(ConfigModel):
 
 
 def conversation_id(messages: list[Message]) -> str:
-    """Content hash of a conversation (stable across runs and machines)."""
-    payload = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+    """The record's `id`: its content hash, shortened (stable across runs and machines)."""
+    return conversation_hash(messages)[:24]
 
 
 def generate(spec: SyntheticCorpusConfig) -> Iterator[Conversation]:
