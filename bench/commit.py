@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from results_file import merge_results, write_section  # noqa: E402  (bench/ is sys.path[0])
 
+from pipeline.corpus.identity import partition_key  # noqa: E402
 from pipeline.shards.manifest import Dataset  # noqa: E402
 from pipeline.shards.schema import Provenance  # noqa: E402
-from pipeline.corpus.identity import partition_key  # noqa: E402
 from pipeline.shards.writer import ShardInfo, shard_key  # noqa: E402
 from pipeline.storage import LocalStorage  # noqa: E402
 

@@ -378,7 +378,7 @@ def host_work_isolated(engine_core_cpus: str = "host"):
     Only vLLM's processes move (titled `VLLM::`): this process is also Ray's parent,
     and a Ray worker moved onto the host CPUs would later hold (c)'s replica, its
     engine then bound inside that one CPU (measured: (c) at half its speed)."""
-    from pipeline.regenerate.cpu_host import cmdline, descendants, isolate_host_work
+    from pipeline.regenerate.replica.cpu_host import cmdline, descendants, isolate_host_work
 
     title = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     saved = os.sched_getaffinity(0)
@@ -541,7 +541,7 @@ class _Profiler:
     def _attach(self) -> None:
         import ray
 
-        from pipeline.regenerate.pool import RAY_NAMESPACE
+        from pipeline.regenerate.driver.pool import RAY_NAMESPACE
 
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -661,7 +661,7 @@ def conversations_for(args, name: str) -> int:
 
 def run_target(name: str, args, log: list[str]) -> dict:
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.regenerate.pool import init_ray
+    from pipeline.regenerate.driver.pool import init_ray
     from pipeline.targets.resolve import resolve_model
     from pipeline.toy.target import build_toy_target
 

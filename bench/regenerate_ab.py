@@ -13,7 +13,7 @@ held-out synthetic conversations, natural lengths, ~30% multi-turn,
   another unit (scheduler.py);
 * writeback: the changed run encodes and writes in threads of the replica's
   own process (`regenerate.writeback.mode: threads`) instead of the
-  lower-priority write-back process (regenerate/writeback_process.py);
+  lower-priority write-back process (regenerate/replica/writeback_process.py);
 * inprocess: the changed run's replica holds vLLM's engine core and model
   worker in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` through the
   job's runtime_env; the spool transport works there too) instead of
@@ -96,7 +96,7 @@ def one_run(
     if restart:  # the job's runtime_env reaches the replica only through ray.init
         import ray
 
-        from pipeline.regenerate.pool import init_ray
+        from pipeline.regenerate.driver.pool import init_ray
 
         ray.shutdown()
         init_ray(cfg.ray)
@@ -114,7 +114,7 @@ def one_run(
 
 
 def run_target(ab: str, name: str, conversations: int, rounds: int) -> dict:
-    from pipeline.regenerate.pool import init_ray
+    from pipeline.regenerate.driver.pool import init_ray
     from pipeline.toy.target import build_toy_target
 
     _, (shipped, changed), settings = AB[ab]

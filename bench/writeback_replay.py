@@ -87,7 +87,7 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
     """
     import torch
 
-    from pipeline.regenerate.writeback import ShardTarget
+    from pipeline.regenerate.replica.writeback import ShardTarget
     from pipeline.shards.schema import Provenance
     from pipeline.targets.capture import CaptureChunk, SinkSpec, write_spool
     from pipeline.targets.capture_rows import CaptureContract, RowLayout
@@ -159,10 +159,10 @@ def _writeback(contract):
     reaches it: a `PendingSample` over `SpooledRows`; before that interface (an older
     `--against` ref) a `SpooledSample` and the spool reader passed in."""
     try:
-        from pipeline.regenerate.pending import PendingSample
+        from pipeline.regenerate.replica.pending import PendingSample
     except ImportError:
         return _writeback_before_pending(contract)
-    from pipeline.regenerate.writeback import ShardWriteback, WritebackConfig
+    from pipeline.regenerate.replica.writeback import ShardWriteback, WritebackConfig
     from pipeline.targets.base import Generation
     from pipeline.targets.capture_rows import SpooledRows, open_spool
 
@@ -182,7 +182,7 @@ def _writeback(contract):
 def _writeback_before_pending(contract):
     from pipeline.regenerate.unit import SpooledSample
 
-    from pipeline.regenerate.writeback import ShardWriteback
+    from pipeline.regenerate.replica.writeback import ShardWriteback
     from pipeline.targets.capture_rows import SpoolRows
 
     writeback = ShardWriteback(rows=SpoolRows(contract), threads=False)

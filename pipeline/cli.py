@@ -689,7 +689,7 @@ def self_prompts(config_path: Path, overrides: tuple[str, ...]) -> None:
     """
     from pipeline.config import ConfigError, parse_overrides
     from pipeline.regenerate.config import load_config
-    from pipeline.regenerate.self_prompts import ensure_self_prompts
+    from pipeline.regenerate.driver.self_prompts import ensure_self_prompts
 
     config = load_config(config_path, overrides=parse_overrides(list(overrides)))
     if config.corpus.self_prompts is None:

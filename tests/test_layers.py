@@ -61,6 +61,45 @@ def test_the_walk_sees_lazy_and_type_checking_imports(tmp_path):
     }
 
 
+# Regeneration's two sides (pipeline/regenerate/__init__.py): a replica imports of the
+# stage only the shared config and messages; the driver, of the replica, only the actor
+# class its pool starts; the shared modules, nothing of the driver.
+REGENERATE_SHARED = ("pipeline.regenerate.config", "pipeline.regenerate.units")
+
+
+def _regenerate_offending(package: str, allowed: tuple[str, ...]) -> dict[str, list[str]]:
+    out = {}
+    for module, names in _imports(package).items():
+        stage = {n for n in names if n.startswith("pipeline.regenerate.")}
+        bad = sorted(n for n in stage if not n.startswith(allowed))
+        if bad:
+            out[module] = bad
+    return out
+
+
+def test_the_replica_side_imports_only_the_shared_modules_of_the_stage():
+    assert "regenerate/replica/actor.py" in _imports("regenerate/replica")
+    allowed = ("pipeline.regenerate.replica.", *REGENERATE_SHARED)
+    assert _regenerate_offending("regenerate/replica", allowed) == {}
+
+
+def test_the_driver_side_imports_only_the_actor_of_the_replica_side():
+    assert "regenerate/driver/pool.py" in _imports("regenerate/driver")
+    allowed = (
+        "pipeline.regenerate.driver.",
+        "pipeline.regenerate.replica.actor",
+        *REGENERATE_SHARED,
+    )
+    assert _regenerate_offending("regenerate/driver", allowed) == {}
+
+
+def test_the_shared_modules_of_regeneration_import_nothing_of_the_driver():
+    for name in REGENERATE_SHARED:
+        path = name.removeprefix("pipeline.").replace(".", "/") + ".py"
+        imports = _imports("regenerate")[path]
+        assert not [n for n in imports if n.startswith("pipeline.regenerate.driver")], path
+
+
 # The whole house, bottom floor first: a package imports only packages on lower
 # floors (the ground floor's modules may import each other, without a circle).
 FLOORS = [

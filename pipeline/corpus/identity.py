@@ -37,9 +37,7 @@ KEY_BITS = 64
 
 def conversation_hash(messages: Sequence[dict[str, Any]]) -> str:
     """Content hash of a normalised conversation (canonical JSON, sha256, 64 hex digits)."""
-    payload = json.dumps(
-        list(messages), ensure_ascii=False, sort_keys=True, separators=(",", ":")
-    )
+    payload = json.dumps(list(messages), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pipeline.corpus.config import CorpusConfig, CorpusSourceConfig
 from pipeline.corpus.formats import MalformedRow, to_messages
-from pipeline.corpus.mixture import SourceCount, select
 from pipeline.corpus.identity import conversation_hash
+from pipeline.corpus.mixture import SourceCount, select
 from pipeline.corpus.records import Conversation, RowError
 from pipeline.corpus.sources import RawRow, ResolvedSource
 from pipeline.logs import kv

@@ -11,7 +11,7 @@ as a `prompt` row of a JSONL file, which the corpus then reads as any source.
 Deterministic: request ids derive from the seed and the index, and the
 backend seeds each request from its id, so the same target, seed and settings
 write the same file. The sampling itself needs the target, so it lives above
-it: pipeline/regenerate/self_prompts.py (`synthesize`, `ensure_self_prompts`).
+it: pipeline/regenerate/driver/self_prompts.py (`synthesize`, `ensure_self_prompts`).
 """
 
 from __future__ import annotations

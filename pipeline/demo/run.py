@@ -131,8 +131,8 @@ def answers_table(
     from rich.table import Table
     from transformers import AutoTokenizer
 
-    from pipeline.corpus.ingest import load_corpus
     from pipeline.corpus.identity import sample_id
+    from pipeline.corpus.ingest import load_corpus
     from pipeline.shards.reader import ShardReader
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

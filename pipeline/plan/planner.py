@@ -207,7 +207,7 @@ def run_shape(
     num_replicas: int | None,
 ) -> RunShape:
     """What the regeneration config fixes for the plan."""
-    from pipeline.regenerate.partition import num_buckets_for
+    from pipeline.regenerate.driver.partition import num_buckets_for
     from pipeline.targets.resolve import default_aux_layer_ids
 
     rep, regen = config.replicas, config.regenerate

@@ -16,8 +16,8 @@ from pydantic import Field, model_validator
 
 from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
 from pipeline.corpus.config import CorpusConfig
-from pipeline.regenerate.cpu_host import CpuHostConfig
-from pipeline.regenerate.writeback import WritebackConfig
+from pipeline.regenerate.replica.cpu_host import CpuHostConfig
+from pipeline.regenerate.replica.writeback import WritebackConfig
 from pipeline.targets.config import GenerationConfig, TargetConfig
 
 # Keys that moved or went, and where to look instead (an old config fails with this line).

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pipeline.regenerate.config import PipelineConfig
-    from pipeline.regenerate.summary import RunSummary
+    from pipeline.regenerate.driver.summary import RunSummary
 
 
 def run_refresh(

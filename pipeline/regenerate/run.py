@@ -1,7 +1,7 @@
 """The regeneration stage: corpus -> work units -> replicas -> shards -> committed versions.
 
 `_start` takes the dataset's writer lease and plans against its latest
-version (regenerate/worklist.py): units hold only the samples no version has
+version (regenerate/driver/worklist.py): units hold only the samples no version has
 yet, so a rerun has nothing to do and a grown corpus adds units of new
 conversations only. The driver feeds the units to a pool of replica
 actors, as many units each as it asks for to keep its engine full
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError
 from pipeline.logs import kv
 from pipeline.regenerate.config import PipelineConfig
-from pipeline.regenerate.partition import WorkUnit, unit_inputs
-from pipeline.regenerate.scheduler import SchedulerLimits, UnitScheduler
-from pipeline.regenerate.summary import Progress, RunSummary
-from pipeline.regenerate.unit_job import UnitResult, UnitSpec
+from pipeline.regenerate.driver.partition import unit_inputs
+from pipeline.regenerate.driver.scheduler import SchedulerLimits, UnitScheduler
+from pipeline.regenerate.driver.summary import Progress, RunSummary
+from pipeline.regenerate.units import UnitResult, UnitSpec, WorkUnit
 
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
@@ -65,16 +65,16 @@ def _start(
 ) -> tuple[RunPlan, DatasetSink, RunSummary, list[WorkUnit]]:
     """Take the writer lease, plan against the latest version, open the sink; the units to do.
 
-    Planning is per sample (regenerate/worklist.py): units hold only samples no
+    Planning is per sample (regenerate/driver/worklist.py): units hold only samples no
     version has yet (`refresh`: also changed ones; removed ones are tombstoned).
     """
-    from pipeline.regenerate.worklist import plan_against
+    from pipeline.regenerate.driver.worklist import plan_against
     from pipeline.shards.lease import WriteSession
     from pipeline.shards.manifest import Dataset
     from pipeline.shards.sink import DatasetSink
 
     if config.corpus.self_prompts is not None:  # before the lease: it runs the target once
-        from pipeline.regenerate.self_prompts import ensure_self_prompts
+        from pipeline.regenerate.driver.self_prompts import ensure_self_prompts
 
         ensure_self_prompts(config.corpus.self_prompts, config.target)
     dataset = Dataset.open(config.output.uri, endpoint_url=config.output.endpoint_url)
@@ -147,9 +147,9 @@ def run_local(
     """The whole stage in this process on one backend (no Ray); resumable like `run_regenerate`."""
     from transformers import AutoTokenizer
 
-    from pipeline.regenerate.feeder import EngineFeeder
-    from pipeline.regenerate.replica import feed_limits
-    from pipeline.regenerate.writeback_process import start_writeback
+    from pipeline.regenerate.replica.actor import feed_limits
+    from pipeline.regenerate.replica.feeder import EngineFeeder
+    from pipeline.regenerate.replica.writeback_process import start_writeback
     from pipeline.targets.loader import load_target
     from pipeline.targets.resolve import resolve_model
 
@@ -208,7 +208,7 @@ def run_regenerate(
     failed, before the error is raised). `refresh`: also regenerate changed
     samples and tombstone removed ones (regenerate/refresh.py).
     """
-    from pipeline.regenerate.pool import close_replicas, init_ray, start_replicas
+    from pipeline.regenerate.driver.pool import close_replicas, init_ray, start_replicas
 
     started = time.monotonic()
     run, sink, summary, todo = _start(config, refresh=refresh, lease_wait_s=lease_wait_s)

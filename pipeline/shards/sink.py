@@ -5,7 +5,7 @@ on_write_failed), but committing through the dataset's manifest protocol
 (manifest.py), which Ray Data's own Parquet sink lacks:
 
 * `on_write_start()` reads the latest version and returns the units it holds;
-  the caller plans against the version's sample ids (regenerate/partition.py);
+  the caller plans against the version's sample ids (regenerate/driver/partition.py);
 * `writer(unit_id)` opens a `ShardWriter` for one unit (in this process; a
   remote worker opens its own with the same dataset URI and provenance);
 * `on_unit_written(info, planned)` queues a finished shard and publishes a version

@@ -23,7 +23,7 @@ NUM_KILLS = 5
 
 
 def test_replicas_sigkilled_five_times_in_one_run(tmp_path, ray_local, monkeypatch):
-    import pipeline.regenerate.pool as pool
+    import pipeline.regenerate.driver.pool as pool
 
     started: list = []  # the run's actor handles, as start_replicas returns them
     real_start = pool.start_replicas

@@ -62,8 +62,12 @@ def test_hashes_keyed_on_ids_are_unchanged():
 def test_every_stage_derives_the_same_values_through_it():
     from pipeline.corpus.synthetic import conversation_id
     from pipeline.evaluate.calibration import in_calibration_split
-    from pipeline.regenerate.partition import conversation_key, plan_units, planned_sample_ids
-    from pipeline.regenerate.provenance import corpus_version
+    from pipeline.regenerate.driver.partition import (
+        conversation_key,
+        plan_units,
+        planned_sample_ids,
+    )
+    from pipeline.regenerate.driver.provenance import corpus_version
     from pipeline.shards.sidecar import bucket_of
     from pipeline.shards.split import is_heldout
     from pipeline.train.packing import derived_seed

@@ -9,8 +9,8 @@ import pytest
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 
 from pipeline.corpus.config import CorpusConfig
-from pipeline.corpus.ingest import load_corpus
 from pipeline.corpus.identity import sample_id
+from pipeline.corpus.ingest import load_corpus
 
 GOOD = [
     {

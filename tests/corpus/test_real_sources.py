@@ -14,7 +14,7 @@ import yaml
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.ingest import load_corpus
 from pipeline.demo import CONFIG_DIR
-from pipeline.regenerate.provenance import run_identity
+from pipeline.regenerate.driver.provenance import run_identity
 from pipeline.shards.schema import Provenance
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"

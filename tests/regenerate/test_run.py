@@ -72,7 +72,7 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
     assert summary.version is not None and summary.units_done == summary.units_total
     assert _committed_ids(config.output.uri) == _expected_ids(config)
     # vLLM's CPU worker binds its threads to a core of its own; the replica's
-    # host work runs on the others (pipeline/regenerate/cpu_host.py).
+    # host work runs on the others (pipeline/regenerate/replica/cpu_host.py).
     allowed = sorted(os.sched_getaffinity(0))
     host = summary.replica_stats[0]["host_cpus"]
     if len(allowed) > 1:
@@ -82,7 +82,7 @@ def test_corpus_to_committed_version_then_rerun_commits_nothing(tmp_path, ray_lo
         core = summary.replica_stats[0]["engine_core_cpus"]
         assert core and set(core) == set(allowed) - set(host), (core, host)
     # The shards were built and written by the replica's write-back process, whose CPU
-    # the replica accounts apart from its own (regenerate/writeback_process.py).
+    # the replica accounts apart from its own (regenerate/replica/writeback_process.py).
     stats = summary.replica_stats[0]
     assert stats["writeback"] == "process" and stats["cpu_seconds"]["writeback"] > 0, stats
     # The malformed rows are reported by reason; the run did not stop for them.

@@ -7,9 +7,9 @@ from pipeline.corpus.identity import sample_id
 from pipeline.corpus.records import Conversation
 from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 from pipeline.regenerate.config import parse_config
-from pipeline.regenerate.partition import plan_units
-from pipeline.regenerate.provenance import build_provenance
-from pipeline.regenerate.unit_job import UnitSpec
+from pipeline.regenerate.driver.partition import plan_units
+from pipeline.regenerate.driver.provenance import build_provenance
+from pipeline.regenerate.units import UnitSpec
 from pipeline.render import first_prompt, render_prompt
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
@@ -22,7 +22,7 @@ MIN_TOKENS = 16
 
 
 def test_vllm_replica_in_ray_matches_transformers_greedy(trained_target_dir, ray_local, tmp_path):
-    from pipeline.regenerate.pool import close_replicas, start_replicas
+    from pipeline.regenerate.driver.pool import close_replicas, start_replicas
 
     tok = AutoTokenizer.from_pretrained(trained_target_dir)
     # Math and code answers are long enough to compare well past 16 tokens.

@@ -35,15 +35,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pipeline.logs import kv
-from pipeline.regenerate.partition import WorkUnit
-from pipeline.regenerate.unit_job import UnitJob, UnitResult, UnitSpec
-from pipeline.regenerate.writeback import (
+from pipeline.regenerate.replica.unit_job import UnitJob
+from pipeline.regenerate.replica.writeback import (
     ShardTarget,
     UnitWritten,
     Writeback,
     WritebackConfig,
 )
-from pipeline.regenerate.writeback_process import start_writeback
+from pipeline.regenerate.replica.writeback_process import start_writeback
+from pipeline.regenerate.units import UnitResult, UnitSpec, WorkUnit
 from pipeline.targets.base import GenerationRequest, Result, StreamingBackend
 
 log = logging.getLogger(__name__)

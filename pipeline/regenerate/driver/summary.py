@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.regenerate.unit_job import UnitResult
+    from pipeline.regenerate.units import UnitResult
 
 
 @dataclass

@@ -13,17 +13,16 @@ import time
 from typing import Any
 
 from pipeline.regenerate.config import RegenerateConfig
-from pipeline.regenerate.cpu_host import (
+from pipeline.regenerate.replica.cpu_host import (
     CpuHostConfig,
     cpu_by_role,
     engine_core_cpus,
     place_host_work,
     tune_process,
 )
-from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
-from pipeline.regenerate.partition import WorkUnit
-from pipeline.regenerate.unit_job import UnitResult, UnitSpec
-from pipeline.regenerate.writeback_process import start_writeback
+from pipeline.regenerate.replica.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.replica.writeback_process import start_writeback
+from pipeline.regenerate.units import UnitResult, UnitSpec, WorkUnit
 from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)

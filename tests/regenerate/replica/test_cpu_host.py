@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from pipeline.regenerate.cpu_host import descendants, worker_cpus
+from pipeline.regenerate.replica.cpu_host import descendants, worker_cpus
 
 CPUS = sorted(os.sched_getaffinity(0))
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs to bind one apart")
@@ -64,7 +64,7 @@ def test_isolate_moves_this_thread_and_the_engine_core_but_not_the_worker():
     script = textwrap.dedent(
         f"""
         import json, os, subprocess, sys, time
-        from pipeline.regenerate.cpu_host import isolate_host_work
+        from pipeline.regenerate.replica.cpu_host import isolate_host_work
         worker = subprocess.Popen([sys.executable, "-c", {CHILD!r}, "{CPUS[-1]}", "VLLM::Worker"])
         core = subprocess.Popen([sys.executable, "-c", {PLAIN!r}])
         time.sleep(0.5)
@@ -91,7 +91,7 @@ def test_the_engine_core_can_share_the_workers_cpus():
     script = textwrap.dedent(
         f"""
         import json, os, subprocess, sys, time
-        from pipeline.regenerate.cpu_host import isolate_host_work
+        from pipeline.regenerate.replica.cpu_host import isolate_host_work
         worker = subprocess.Popen([sys.executable, "-c", {CHILD!r}, "{CPUS[-1]}", "VLLM::Worker"])
         core = subprocess.Popen([sys.executable, "-c", {PLAIN!r}, "VLLM::EngineCore"])
         other = subprocess.Popen([sys.executable, "-c", {PLAIN!r}])
@@ -124,7 +124,7 @@ def test_the_engine_core_can_share_the_workers_cpus():
 def test_nothing_moves_without_a_bound_worker():
     script = (
         "import os, subprocess, sys, time\n"
-        "from pipeline.regenerate.cpu_host import isolate_host_work\n"
+        "from pipeline.regenerate.replica.cpu_host import isolate_host_work\n"
         f"core = subprocess.Popen([sys.executable, '-c', {PLAIN!r}])\n"
         "time.sleep(0.3)\n"
         "print(isolate_host_work(), sorted(os.sched_getaffinity(0)))\n"

@@ -1,5 +1,5 @@
 from pipeline.regenerate.config import ReplicaConfig
-from pipeline.regenerate.pool import placement_group_args
+from pipeline.regenerate.driver.pool import placement_group_args
 
 
 def test_single_device_replica_needs_no_placement_group():
@@ -26,7 +26,7 @@ def test_rack_replica_pins_every_bundle_to_its_own_domain():
 
 
 def test_placement_group_names_differ_between_runs_and_replicas():
-    from pipeline.regenerate.pool import placement_group_name
+    from pipeline.regenerate.driver.pool import placement_group_name
 
     names = {placement_group_name("toy-regenerate", i, job) for i in (0, 1) for job in ("01", "02")}
     assert len(names) == 4
@@ -42,7 +42,7 @@ def _rack(**replica_keys) -> ReplicaConfig:
 def test_replica_actor_must_fit_in_bundle_zero():
     import pytest
 
-    from pipeline.regenerate.pool import check_placement
+    from pipeline.regenerate.driver.pool import check_placement
     from pipeline.targets.config import TargetConfig
 
     target = TargetConfig(model="toy:random", tensor_parallel_size=72)
@@ -54,7 +54,7 @@ def test_replica_actor_must_fit_in_bundle_zero():
 def test_tensor_parallel_needs_a_gpu_bundle_per_worker():
     import pytest
 
-    from pipeline.regenerate.pool import check_placement
+    from pipeline.regenerate.driver.pool import check_placement
     from pipeline.targets.config import TargetConfig
 
     with pytest.raises(ValueError, match="tensor_parallel_size is 144 but .* 72 GPU bundles"):
@@ -81,7 +81,7 @@ def test_a_replica_that_never_comes_up_stops_the_run_with_a_named_error(ray_loca
     from ray import cloudpickle
 
     from pipeline.regenerate.config import RegenerateConfig
-    from pipeline.regenerate.pool import ReplicaStartTimeout, start_replicas
+    from pipeline.regenerate.driver.pool import ReplicaStartTimeout, start_replicas
     from pipeline.targets.config import TargetConfig
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on Ray's path
@@ -118,7 +118,7 @@ def test_replicas_run_at_the_drivers_nice_value_not_rays_worker_default(ray_loca
     from ray import cloudpickle
 
     from pipeline.regenerate.config import RegenerateConfig
-    from pipeline.regenerate.pool import close_replicas, start_replicas
+    from pipeline.regenerate.driver.pool import close_replicas, start_replicas
     from pipeline.targets.config import TargetConfig
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -15,7 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.regenerate.partition import CorpusDiff, WorkUnit
+from pipeline.regenerate.driver.partition import CorpusDiff
+from pipeline.regenerate.units import WorkUnit
 
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
@@ -44,13 +45,13 @@ class DatasetPlan:
 def plan_against(config: PipelineConfig, dataset: Dataset, *, refresh: bool) -> DatasetPlan:
     """Corpus, provenance and units still to do against `dataset`'s latest version; no engine."""
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.regenerate.partition import (
+    from pipeline.regenerate.driver.partition import (
         diff_corpus,
         num_buckets_for,
         plan_units,
         run_fingerprint,
     )
-    from pipeline.regenerate.provenance import build_provenance, corpus_version, run_identity
+    from pipeline.regenerate.driver.provenance import build_provenance, corpus_version, run_identity
     from pipeline.shards.manifest import LineageMismatch
 
     cfg = config.regenerate

@@ -36,7 +36,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
-from pipeline.regenerate.writeback import (
+from pipeline.regenerate.replica.writeback import (
     LEDGER_FIELDS,
     Done,
     Ledger,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from pipeline.corpus.records import RowError
-    from pipeline.regenerate.pending import PendingSample
+    from pipeline.regenerate.replica.pending import PendingSample
     from pipeline.shards.schema import Provenance
     from pipeline.targets.base import CapturedRows, StreamingBackend
 
@@ -277,7 +277,7 @@ def _child_main(
 
     setup_logging()
     # What the first sample needs, imported now, while the engine starts.
-    import pipeline.regenerate.pending  # noqa: F401
+    import pipeline.regenerate.replica.pending  # noqa: F401
     import pipeline.shards.codecs  # noqa: F401  (torch, zstandard)
     import pipeline.shards.manifest  # noqa: F401  (pyarrow, storage)
     import pipeline.shards.writer  # noqa: F401

@@ -7,7 +7,7 @@ import json
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.ingest import load_corpus
 from pipeline.corpus.self_prompts import SelfPromptsConfig, user_turn_prefix
-from pipeline.regenerate.self_prompts import ensure_self_prompts, synthesize
+from pipeline.regenerate.driver.self_prompts import ensure_self_prompts, synthesize
 from pipeline.targets.config import TargetConfig
 
 

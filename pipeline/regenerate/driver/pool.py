@@ -32,8 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.regenerate.config import RayConfig, RegenerateConfig, ReplicaConfig
-from pipeline.regenerate.cpu_host import CpuHostConfig
+from pipeline.regenerate.config import CpuHostConfig, RayConfig, RegenerateConfig, ReplicaConfig
 from pipeline.targets.config import TargetConfig
 
 log = logging.getLogger(__name__)
@@ -266,7 +265,7 @@ def start_replicas(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if actor_class is None:
-        from pipeline.regenerate.replica import RegenerateReplica
+        from pipeline.regenerate.replica.actor import RegenerateReplica
 
         actor_class = RegenerateReplica
     check_placement(target, replicas)

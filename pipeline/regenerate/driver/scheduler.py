@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.logs import kv
-from pipeline.regenerate.partition import WorkUnit
+from pipeline.regenerate.units import WorkUnit
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 from pipeline.corpus.identity import conversation_hash
 from pipeline.corpus.records import Conversation
-from pipeline.regenerate.partition import num_buckets_for, plan_units, run_fingerprint
+from pipeline.regenerate.driver.partition import num_buckets_for, plan_units, run_fingerprint
 
 
 def _convs(n, start=0):
@@ -41,7 +41,7 @@ def test_fingerprint_and_bucket_count():
 
 
 def test_buckets_never_depend_on_corpus_size_and_units_are_chunked():
-    from pipeline.regenerate.partition import conversation_key
+    from pipeline.regenerate.driver.partition import conversation_key
     from pipeline.shards.sidecar import bucket_of
 
     convs = _convs(300)
@@ -62,7 +62,7 @@ def test_buckets_never_depend_on_corpus_size_and_units_are_chunked():
 def test_diff_finds_new_changed_and_removed_samples():
     import dataclasses
 
-    from pipeline.regenerate.partition import diff_corpus, sample_inputs
+    from pipeline.regenerate.driver.partition import diff_corpus, sample_inputs
 
     convs = _convs(10)
     live = {}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.regenerate.partition import WorkUnit
-from pipeline.regenerate.scheduler import SchedulerLimits, UnitScheduler
+from pipeline.regenerate.driver.scheduler import SchedulerLimits, UnitScheduler
+from pipeline.regenerate.units import WorkUnit
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ from transformers import AutoTokenizer
 from pipeline.corpus.identity import conversation_hash, sample_id
 from pipeline.corpus.records import Conversation
 from pipeline.regenerate.config import parse_config
-from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
-from pipeline.regenerate.partition import plan_units
-from pipeline.regenerate.provenance import build_provenance
-from pipeline.regenerate.unit_job import UnitSpec
+from pipeline.regenerate.driver.partition import plan_units
+from pipeline.regenerate.driver.provenance import build_provenance
+from pipeline.regenerate.replica.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.units import UnitSpec
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.targets.config import TargetConfig

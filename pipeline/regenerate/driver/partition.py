@@ -32,18 +32,8 @@ from typing import Any
 
 from pipeline.corpus.identity import input_hash, partition_key, sample_id
 from pipeline.corpus.records import Conversation
+from pipeline.regenerate.units import WorkUnit
 from pipeline.shards.sidecar import bucket_of
-
-
-@dataclass(frozen=True)
-class WorkUnit:
-    unit_id: str  # "u<bucket>-<digest>": the shard's name
-    bucket: int
-    conversations: tuple[Conversation, ...]  # sorted by partition key, then id
-
-    @property
-    def num_answers(self) -> int:
-        return sum(c.num_answers for c in self.conversations)
 
 
 def run_fingerprint(fields: dict[str, Any]) -> str:

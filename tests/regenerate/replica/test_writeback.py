@@ -11,12 +11,12 @@ from transformers import AutoTokenizer
 from pipeline.corpus.records import Conversation
 from pipeline.corpus.synthetic import SyntheticCorpusConfig, generate
 from pipeline.regenerate.config import parse_config
-from pipeline.regenerate.feeder import EngineFeeder, FeedLimits
-from pipeline.regenerate.partition import plan_units
-from pipeline.regenerate.provenance import build_provenance
-from pipeline.regenerate.unit_job import UnitSpec
-from pipeline.regenerate.writeback import WritebackConfig
-from pipeline.regenerate.writeback_process import start_writeback
+from pipeline.regenerate.driver.partition import plan_units
+from pipeline.regenerate.driver.provenance import build_provenance
+from pipeline.regenerate.replica.feeder import EngineFeeder, FeedLimits
+from pipeline.regenerate.replica.writeback import WritebackConfig
+from pipeline.regenerate.replica.writeback_process import start_writeback
+from pipeline.regenerate.units import UnitSpec
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.targets.hf_backend import HFTarget

@@ -21,58 +21,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline.corpus.identity import sample_id
 from pipeline.corpus.records import Conversation, RowError
-from pipeline.regenerate.partition import WorkUnit
-from pipeline.regenerate.pending import PendingSample
+from pipeline.regenerate.replica.pending import PendingSample
+from pipeline.regenerate.units import UnitResult, UnitSpec, WorkUnit
 from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt
-from pipeline.shards.schema import Provenance
 from pipeline.targets.base import GenerationRequest, RequestFailure, Result
-from pipeline.targets.config import GenerationConfig
 
 if TYPE_CHECKING:
-    from pipeline.regenerate.config import PipelineConfig
+    pass
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class UnitSpec:
-    """Everything a replica needs to turn a unit into a shard (same for every unit of a run)."""
-
-    dataset_uri: str
-    endpoint_url: str | None
-    provenance: Provenance
-    generation: GenerationConfig
-    turns: str
-    max_model_len: int
-    min_answer_tokens: int
-
-    @classmethod
-    def from_config(cls, config: PipelineConfig, provenance: Provenance) -> UnitSpec:
-        return cls(
-            dataset_uri=config.output.uri,
-            endpoint_url=config.output.endpoint_url,
-            provenance=provenance,
-            generation=config.generation,
-            turns=config.regenerate.turns,
-            max_model_len=config.target.max_model_len,
-            min_answer_tokens=config.regenerate.min_answer_tokens,
-        )
-
-
-@dataclass
-class UnitResult:
-    unit_id: str
-    shard: Any | None  # ShardInfo once written
-    num_samples: int = 0
-    num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
-    errors: list[RowError] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 class UnitJob:

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 from shards.helpers import provenance, sample
 
-from pipeline.regenerate.pending import PendingSample
-from pipeline.regenerate.writeback import ShardTarget, ShardWriteback, WritebackConfig
-from pipeline.regenerate.writeback_process import ProcessWriteback, WritebackFailed
+from pipeline.regenerate.replica.pending import PendingSample
+from pipeline.regenerate.replica.writeback import ShardTarget, ShardWriteback, WritebackConfig
+from pipeline.regenerate.replica.writeback_process import ProcessWriteback, WritebackFailed
 from pipeline.shards.manifest import Dataset
 from pipeline.shards.reader import ShardReader
 from pipeline.targets.base import CapturedStates, Generation, HeldRows
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def pending(index: int, unit: str = "u-1") -> PendingSample:
@@ -130,7 +130,7 @@ def test_a_sigkilled_owner_leaves_no_child(tmp_path):
     script = textwrap.dedent(
         """
         import sys, time
-        from pipeline.regenerate.writeback_process import ProcessWriteback
+        from pipeline.regenerate.replica.writeback_process import ProcessWriteback
         if __name__ == "__main__":
             wb = ProcessWriteback()
             print(wb.pid, flush=True)

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from shards.helpers import HIDDEN, LAYERS, activations
 
-from pipeline.regenerate.pending import PendingSample
+from pipeline.regenerate.replica.pending import PendingSample
 from pipeline.targets.base import CapturedStates, Generation, HeldRows
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The shapes a row had before it had one, and the shapes it has now.
 OLD = {
     "CapturedGeneration",
@@ -53,7 +53,7 @@ def test_a_pending_sample_builds_its_shard_row():
 
 def _modules(*packages: str):
     for package in packages:
-        for path in sorted((ROOT / "pipeline" / package).glob("*.py")):
+        for path in sorted((ROOT / "pipeline" / package).rglob("*.py")):
             yield path, ast.parse(path.read_text(), str(path))
 
 

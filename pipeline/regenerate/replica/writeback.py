@@ -35,11 +35,11 @@ from pydantic import Field
 
 from pipeline.config import ConfigModel
 from pipeline.logs import kv
-from pipeline.regenerate.spill import SpillFile
+from pipeline.regenerate.replica.spill import SpillFile
 
 if TYPE_CHECKING:
     from pipeline.corpus.records import RowError
-    from pipeline.regenerate.pending import PendingSample
+    from pipeline.regenerate.replica.pending import PendingSample
     from pipeline.shards.schema import Provenance
     from pipeline.shards.writer import ShardInfo
     from pipeline.targets.base import CapturedRows, StreamingBackend
