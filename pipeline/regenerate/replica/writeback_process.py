@@ -16,7 +16,8 @@ hands the capture spool over (`hand_off_rows`), so its samples' rows are
 `SpooledRows` handles, and this process reads the spool files itself
 (`capture_rows.open_spool`) as it builds them. What crosses the pipe is
 small: per sample its ids, tokens and rows handle; per unit its error
-records and, back, its `ShardInfo`. Rows held in memory elsewhere (a backend
+records and, back, its `ShardInfo`; the messages are the typed ones of
+`writeback_messages.py`. Rows held in memory elsewhere (a backend
 without a spool, such as the transformers reference) cross with their bytes.
 
 Memory: the write-back's counters live in shared memory (`Ledger`), so the
@@ -30,9 +31,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import queue
 import threading
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pipeline.logs import kv
@@ -46,6 +45,22 @@ from pipeline.regenerate.replica.writeback import (
     WritebackConfig,
     WritebackStats,
 )
+from pipeline.regenerate.replica.writeback_child import child_main
+from pipeline.regenerate.replica.writeback_messages import (
+    Add,
+    Batch,
+    Bind,
+    Close,
+    Discard,
+    Failed,
+    Finish,
+    FromChild,
+    Open,
+    Stopped,
+    ToChild,
+    WritebackFailed,
+    Written,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -56,10 +71,6 @@ if TYPE_CHECKING:
     from pipeline.targets.base import CapturedRows, StreamingBackend
 
 log = logging.getLogger(__name__)
-
-
-class WritebackFailed(RuntimeError):
-    """The write-back process died or broke: no unit in it can finish."""
 
 
 class ProcessWriteback:
@@ -87,7 +98,7 @@ class ProcessWriteback:
         self._to_child.cancel_join_thread()  # never hang this process's exit on a dead child
         self._from_child, writer = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(
                 config,
                 spill_above_bytes,
@@ -103,7 +114,7 @@ class ProcessWriteback:
         writer.close()
         self._backend: StreamingBackend | None = None  # whose rows were handed over
         self._sent_bytes = 0  # raw bytes of every sample sent to the child
-        self._batch: list[tuple] = []  # messages waiting for flush()
+        self._batch: list[Open | Add | Discard | Finish] = []  # waiting for flush()
         self._opened: set[str] = set()  # units whose provenance the child has
         self._done: dict[str, Done] = {}
         self._done_lock = threading.Lock()
@@ -134,7 +145,7 @@ class ProcessWriteback:
         contract = backend.hand_off_rows() if backend is not None else None
         if contract is not None:
             self._backend = backend
-        self._send(("bind", contract))
+        self._send(Bind(contract))
 
     # ------------------------------------------------------------------ counters
 
@@ -165,12 +176,12 @@ class ProcessWriteback:
         raw = sample.nbytes
         if unit_id not in self._opened:
             self._opened.add(unit_id)
-            self._queue(("open", unit_id, provenance))
+            self._queue(Open(unit_id, provenance))
         self._sent_bytes += raw  # in transit from here: counted in nbytes until the child has it
-        self._queue(("add", unit_id, sample, where))
+        self._queue(Add(unit_id, sample, where))
 
     def discard(self, rows: CapturedRows) -> None:
-        self._queue(("discard", rows))
+        self._queue(Discard(rows))
 
     def finish(
         self, unit_id: str, target: ShardTarget, errors: Sequence[RowError], done: Done
@@ -181,7 +192,7 @@ class ProcessWriteback:
                 return
             self._done[unit_id] = done
         self._opened.discard(unit_id)
-        self._queue(("finish", unit_id, target, list(errors)))
+        self._queue(Finish(unit_id, target, tuple(errors)))
 
     def flush(self) -> None:
         """Send what was added, discarded and finished since the last flush, in order, as
@@ -189,7 +200,7 @@ class ProcessWriteback:
         write per step instead of per sample)."""
         if self._batch:
             batch, self._batch = self._batch, []
-            self._send(("batch", batch))
+            self._send(Batch(tuple(batch)))
 
     def close(self) -> None:
         """Stop the child (units not written fail); waits for it briefly, then kills it;
@@ -198,7 +209,7 @@ class ProcessWriteback:
         if self._failed is None:
             try:
                 self.flush()
-                self._to_child.put(("close",))
+                self._to_child.put(Close())
             except (OSError, ValueError):  # the child is gone already
                 pass
         self._process.join(timeout=60)
@@ -212,12 +223,12 @@ class ProcessWriteback:
 
     # ------------------------------------------------------------------ internals
 
-    def _queue(self, message: tuple) -> None:
+    def _queue(self, message: Open | Add | Discard | Finish) -> None:
         if self._failed is not None:
             raise self._failed
         self._batch.append(message)
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ToChild) -> None:
         if self._failed is not None:
             raise self._failed
         self._to_child.put(message)
@@ -238,17 +249,23 @@ class ProcessWriteback:
                     if self._on_fatal is not None:
                         self._on_fatal(lost)
                 return
-            kind, unit_id, payload = message
-            if kind == "stopped":
+            if isinstance(message, Stopped):
                 return
-            with self._done_lock:
-                done = self._done.pop(unit_id, None)
-            if done is None:
-                continue
-            if kind == "written":
-                done(payload, None)
-            else:
-                done(None, _rebuilt(payload))
+            self._resolve(message)
+
+    def _resolve(self, message: FromChild) -> None:
+        """A unit's result, to its callback (none: it failed already, with the process)."""
+        match message:
+            case Written(unit_id=unit_id, written=written):
+                result: tuple[Any, BaseException | None] = (written, None)
+            case Failed(unit_id=unit_id):
+                result = (None, message.error())
+            case _:
+                raise TypeError(f"the write-back process sent {message!r}: not a reply")
+        with self._done_lock:
+            done = self._done.pop(unit_id, None)
+        if done is not None:
+            done(*result)
 
     def _fail_all(self, err: BaseException) -> None:
         with self._done_lock:
@@ -257,123 +274,6 @@ class ProcessWriteback:
             pending, self._done = self._done, {}
         for done in pending.values():
             done(None, err)
-
-
-# --------------------------------------------------------------------------- the child
-
-
-def _child_main(
-    config: WritebackConfig,
-    spill_above_bytes: int | None,
-    ledger_values,
-    inbox,
-    outbox,
-    parent: int,
-) -> None:
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    if config.nice:
-        os.nice(config.nice)
-    from pipeline.logs import setup_logging
-
-    setup_logging()
-    # What the first sample needs, imported now, while the engine starts.
-    import pipeline.regenerate.replica.pending  # noqa: F401
-    import pipeline.shards.codecs  # noqa: F401  (torch, zstandard)
-    import pipeline.shards.manifest  # noqa: F401  (pyarrow, storage)
-    import pipeline.shards.writer  # noqa: F401
-    from pipeline.targets.capture_rows import close_spool, open_spool
-
-    writeback = None  # made on "bind": by then the replica has placed this process
-    contract = None
-    replies: queue.SimpleQueue = queue.SimpleQueue()
-    sender = threading.Thread(target=_send_replies, args=(replies, outbox), daemon=True)
-    sender.start()
-    provenance: dict[str, Any] = {}
-    pending: deque[tuple] = deque()
-    try:
-        while True:
-            if not pending:
-                message = inbox.get()
-                pending.extend(message[1] if message[0] == "batch" else [message])
-            message = pending.popleft()
-            kind = message[0]
-            if kind == "open":
-                provenance[message[1]] = message[2]
-            elif kind == "add":
-                _, unit_id, sample, where = message
-                writeback.add(unit_id, sample, provenance=provenance[unit_id], where=where)
-            elif kind == "discard":
-                writeback.discard(message[1])
-            elif kind == "bind":
-                contract = message[1]
-                if contract is not None:
-                    open_spool(contract)  # the samples' SpooledRows read it from here
-                cpus = _num_cpus()
-                # More encode threads than CPUs to run them on only contend; on one
-                # CPU this thread does the work itself.
-                workers = min(config.num_encode_workers, cpus)
-                writeback = ShardWriteback(
-                    config.model_copy(update={"num_encode_workers": workers}),
-                    spill_above_bytes=spill_above_bytes,
-                    ledger=Ledger(ledger_values),
-                    threads=cpus > 1,
-                )
-            elif kind == "finish":
-                _, unit_id, target, errors = message
-                provenance.pop(unit_id, None)
-
-                def done(written, error, unit_id=unit_id):
-                    replies.put(
-                        ("written", unit_id, written)
-                        if error is None
-                        else ("failed", unit_id, _portable(error))
-                    )
-
-                writeback.finish(unit_id, target, errors, done)
-            elif kind == "close":
-                break
-    finally:
-        if writeback is not None:
-            writeback.close()
-        if contract is not None:
-            close_spool(contract)
-        replies.put(("stopped", "", None))
-        sender.join(timeout=30)
-
-
-def _num_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _send_replies(replies: queue.SimpleQueue, outbox) -> None:
-    """One thread writes to the pipe, so callbacks from several write workers never interleave."""
-    while True:
-        message = replies.get()
-        outbox.send(message)
-        if message[0] == "stopped":
-            return
-
-
-def _portable(err: BaseException) -> tuple[bool, str]:
-    """An error as (transient, text): what the scheduler needs of it (it retries transient
-    ones), in a form that crosses the pipe whatever the error's class."""
-    from pipeline.storage import is_transient
-
-    return is_transient(err) or isinstance(err, TimeoutError), f"{type(err).__name__}: {err}"
-
-
-def _rebuilt(portable: tuple[bool, str]) -> BaseException:
-    transient, text = portable
-    return ConnectionError(text) if transient else WritebackFailed(text)
-
-
-def _exit_with_parent(parent: int) -> None:
-    """Exit once the replica is gone (SIGKILLed: nothing else would tell this process)."""
-    import time
-
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    os._exit(1)
 
 
 def start_writeback(config: WritebackConfig, *, spill_above_bytes: int | None = None) -> Writeback:
