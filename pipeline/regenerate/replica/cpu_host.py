@@ -15,13 +15,18 @@ bound (a GPU engine, a CPU engine started with
 `VLLM_CPU_OMP_THREADS_BIND=nobind`), or the workers hold every CPU, it
 changes nothing, so a GPU config never needs this section.
 docs/capture.md ("Processes, Ray, parallelism") has what each setting measured.
+
+The process tree, titles, threads and CPU times come from psutil (a
+dependency of the stack already: accelerate, vLLM), not from reading /proc
+by hand. `cpu_by_role` is the one figure here only measurements use (the
+summary's `replicas[i].cpu_seconds`, bench/regenerate.py): two walks of the
+replica's process tree per run, at `ready()` and at the end.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from pydantic import Field
 
@@ -59,16 +64,13 @@ def place_host_work(config: CpuHostConfig) -> set[int] | None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children first), from /proc; [] where /proc lacks them."""
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in _listdir(f"/proc/{parent}/task"):
-            text = _read(f"/proc/{parent}/task/{task}/children")
-            for child in text.split():
-                out.append(int(child))
-                todo.append(int(child))
-    return out
+    """Every process below `pid` (children first); [] where `pid` is gone."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def worker_cpus(pids: list[int], allowed: set[int]) -> set[int]:
@@ -80,9 +82,9 @@ def worker_cpus(pids: list[int], allowed: set[int]) -> set[int]:
     """
     bound: set[int] = set()
     for pid in filter(_is_worker, pids):
-        for task in _listdir(f"/proc/{pid}/task"):
+        for thread in _threads(pid):
             try:
-                cpus = os.sched_getaffinity(int(task))
+                cpus = os.sched_getaffinity(thread)
             except OSError:  # the thread ended
                 continue
             if cpus < allowed:
@@ -112,9 +114,9 @@ def isolate_host_work(
     os.sched_setaffinity(0, host)
     for pid in (p for p in pids if not _is_worker(p) and p not in keep):
         cpus = bound if engine_core_on_workers and _is_engine_core(pid) else host
-        for task in _listdir(f"/proc/{pid}/task"):
+        for thread in _threads(pid):
             try:
-                os.sched_setaffinity(int(task), cpus)
+                os.sched_setaffinity(thread, cpus)
             except OSError:  # ended, or not ours to move: leave it
                 continue
     log.info(
@@ -129,11 +131,14 @@ def isolate_host_work(
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (/proc; 0.0 where it is gone)."""
-    fields = _read(f"/proc/{pid}/stat").rpartition(")")[2].split()
-    if len(fields) < 13:
+    """User + system CPU seconds a process has used so far (0.0 where it is gone)."""
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return times.user + times.system
 
 
 def cpu_by_role(writeback_pid: int | None) -> dict[str, float]:
@@ -159,7 +164,12 @@ def engine_core_cpus() -> list[int] | None:
 
 def cmdline(pid: int) -> str:
     """A process's command line (its title, where it set one); "" where it is gone."""
-    return _read(f"/proc/{pid}/cmdline").replace("\0", " ")
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
 
 
 def _is_worker(pid: int) -> bool:
@@ -176,15 +186,11 @@ def _span(cpus: set[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
-def _listdir(path: str) -> list[str]:
+def _threads(pid: int) -> list[int]:
+    """Thread ids of a process ([] where it is gone)."""
+    import psutil
+
     try:
-        return os.listdir(path)
-    except OSError:
+        return [thread.id for thread in psutil.Process(pid).threads()]
+    except psutil.Error:
         return []
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
