@@ -3,8 +3,8 @@
 `PipelineConfig` is the whole YAML file of `dspark-targets regenerate`, `refresh`
 and `plan`; the target and corpus sections are the stages' own configs
 (`targets/config.py`, `corpus/config.py`), `regenerate.writeback` the
-write-back's (`writeback.py`) and `cpu_host` the CPU-engine tuning's
-(`cpu_host.py`).
+write-back's (`replica/writeback.py`) and `cpu_host` the CPU-engine tuning's
+(`replica/cpu_host.py`).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class RegenerateConfig(ConfigModel):
     # encoded rows of units not yet written). Admission waits below this bound.
     max_capture_memory_mb: int = Field(4096, gt=0)
     # Where and with how many workers shards are built, encoded and written
-    # (writeback.py); past half the bound above, encoded rows of unfinished units
+    # (replica/writeback.py); past half the bound above, encoded rows of unfinished units
     # go to its spill_dir.
     writeback: WritebackConfig = WritebackConfig()
     # Publish a version after this many finished units or seconds, and at the end.
@@ -210,7 +210,7 @@ class PipelineConfig(ConfigModel):
     ray: RayConfig = RayConfig()
     output: OutputConfig
     regenerate: RegenerateConfig = RegenerateConfig()
-    # Only for a CPU engine on a small host; a GPU config leaves it out (cpu_host.py).
+    # Only for a CPU engine on a small host; a GPU config leaves it out (replica/cpu_host.py).
     cpu_host: CpuHostConfig = CpuHostConfig()
     # Free-form run name, used in logs, actor names and provenance.
     name: str = "dspark-targets"

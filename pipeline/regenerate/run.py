@@ -5,14 +5,14 @@ version (regenerate/driver/worklist.py): units hold only the samples no version 
 yet, so a rerun has nothing to do and a grown corpus adds units of new
 conversations only. The driver feeds the units to a pool of replica
 actors, as many units each as it asks for to keep its engine full
-(`feeder.py`: requests from all of them share the engine). Each actor
+(`replica/feeder.py`: requests from all of them share the engine). Each actor
 regenerates its units and writes their shards itself; only a shard's small
 `ShardInfo` comes back, and the sink publishes finished units in batches as
 new versions (exactly once per sample: the commit refuses a version that
 would list a sample id twice, and a version appears only through a
 create-only manifest put).
 
-Faults (`scheduler.py`): a replica that dies is restarted by Ray and its
+Faults (`driver/scheduler.py`): a replica that dies is restarted by Ray and its
 units go back in the queue, preferring another replica; a hung engine is
 killed and restarted; transient errors are retried with backoff, up to
 `max_unit_attempts`; deterministic ones fail their unit at once. A driver

@@ -2,7 +2,7 @@
 
 The actor is a thin wrapper around a capturing backend and the
 `EngineFeeder`; all logic lives there and in `unit_job.py`, so it is testable
-without Ray. `pool.py` starts, places and stops these actors.
+without Ray. `driver/pool.py` starts, places and stops these actors.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class RegenerateReplica:
         return await asyncio.wrap_future(self.feeder.submit_unit(unit, spec))
 
     async def hungry(self) -> bool:
-        """Answers once the engine runs short of work with the units held (scheduler.py)."""
+        """Answers once the engine runs short of work with the units held (driver/scheduler.py)."""
         import asyncio
 
         return await asyncio.wrap_future(self.feeder.hungry())
