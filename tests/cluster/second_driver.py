@@ -16,7 +16,7 @@ def main(address: str, domain: str) -> None:
     from placement_probe import PlacementProbe  # this script's directory is on sys.path
     from ray.util.placement_group import placement_group_table
 
-    from pipeline.regenerate import pool
+    from pipeline.regenerate.driver import pool
     from pipeline.regenerate.config import RegenerateConfig, ReplicaConfig
     from pipeline.targets.config import TargetConfig
 

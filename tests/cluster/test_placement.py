@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from placement_probe import PlacementProbe
 
-from pipeline.regenerate import pool
+from pipeline.regenerate.driver import pool
 from pipeline.regenerate.config import RegenerateConfig, ReplicaConfig
 from pipeline.targets.config import TargetConfig
 
