@@ -16,8 +16,8 @@ def main(address: str, domain: str) -> None:
     from placement_probe import PlacementProbe  # this script's directory is on sys.path
     from ray.util.placement_group import placement_group_table
 
-    from pipeline.regenerate.driver import pool
     from pipeline.regenerate.config import RegenerateConfig, ReplicaConfig
+    from pipeline.regenerate.driver import pool
     from pipeline.targets.config import TargetConfig
 
     ray.init(address=address, namespace=pool.RAY_NAMESPACE, log_to_driver=False)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from placement_probe import PlacementProbe
 
-from pipeline.regenerate.driver import pool
 from pipeline.regenerate.config import RegenerateConfig, ReplicaConfig
+from pipeline.regenerate.driver import pool
 from pipeline.targets.config import TargetConfig
 
 ROOT = Path(__file__).resolve().parents[2]
