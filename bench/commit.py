@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 from results_file import merge_results, write_section  # noqa: E402  (bench/ is sys.path[0])
 
 from pipeline.corpus.identity import partition_key  # noqa: E402
-from pipeline.shards.manifest import Dataset  # noqa: E402
 from pipeline.shards.schema import Provenance  # noqa: E402
 from pipeline.shards.writer import ShardInfo, shard_key  # noqa: E402
 from pipeline.storage import LocalStorage  # noqa: E402
+from pipeline.table.dataset import Dataset  # noqa: E402
 
 SAMPLES_PER_SHARD = 8
 CHECKPOINTS = (100, 1_000, 10_000)
@@ -139,14 +139,12 @@ def run(num_shards: int, per_commit: int, where: str | None) -> dict:
             nbytes.append(CountingStorage.written)
             puts.append(CountingStorage.puts)
             sizes.append(len(manifest.entries))
-        legacy = {n: None for n in CHECKPOINTS}
         out: dict = {}
         for n in CHECKPOINTS:
             if n > num_shards:
                 continue
             end = next(i for i, s in enumerate(sizes) if s >= n) + 1
             window = slice(max(0, end - WINDOW), end)
-            legacy[n] = len(ds.manifest(end).legacy_json())
             out[n] = {
                 "commit_ms_mean": 1e3 * statistics.mean(seconds[window]),
                 "commit_ms_median": 1e3 * statistics.median(seconds[window]),
@@ -156,7 +154,6 @@ def run(num_shards: int, per_commit: int, where: str | None) -> dict:
                 "bytes_mean": statistics.mean(nbytes[window]),
                 "bytes_max": max(nbytes[window]),
                 "segments_in_root": len(ds.manifest(end).segments),
-                "format1_manifest_bytes": legacy[n],
             }
         assert len(ds.manifest().entries) == num_shards
         return out
@@ -187,15 +184,14 @@ def main() -> None:
         f"Mean (max) over the {WINDOW} commits before each size, segment merges included.",
         "",
         "| shards | commit ms: mean (max) | CPU ms | objects written | bytes written per commit: "
-        "mean (max) | segments in root | one format-1 manifest |",
-        "|---|---|---|---|---|---|---|",
+        "mean (max) | segments in root |",
+        "|---|---|---|---|---|---|",
     ]
     for n, f in sorted(figures.items()):
         lines.append(
             f"| {n:,} | {f['commit_ms_mean']:.1f} ({f['commit_ms_max']:.1f}) | "
             f"{f['commit_cpu_ms_mean']:.1f} | {f['objects_written_mean']:.1f} | "
-            f"{f['bytes_mean']:,.0f} ({f['bytes_max']:,}) | {f['segments_in_root']} | "
-            f"{f['format1_manifest_bytes']:,} |"
+            f"{f['bytes_mean']:,.0f} ({f['bytes_max']:,}) | {f['segments_in_root']} |"
         )
     lines += [
         "",

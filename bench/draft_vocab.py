@@ -171,7 +171,7 @@ def main() -> None:
         return
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     version = Dataset.open(args.data).latest_version()
     runs = []
@@ -314,7 +314,7 @@ def tau_main(args) -> None:
     from pipeline.evaluate.run import run_evaluation
     from pipeline.evaluate.uncertainty import PerSample, ratio_interval
     from pipeline.logs import setup_logging
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     setup_logging()
     manifest = Dataset.open(args.data).manifest()

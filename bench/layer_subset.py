@@ -6,7 +6,7 @@ against a column per layer (what a schema v2 would store), beside a training ste
 
 Schema v1 stores a sample's captured layers as one (T, k*H) frame: a draft
 that reads 3 of 6 layers still reads and decodes all 6, then keeps its columns
-(shards/split.py `select_layers`). A column per layer would read and decode
+(table/split.py `select_layers`). A column per layer would read and decode
 only the 3. Both are timed here on the same samples, single-threaded, the
 files in the page cache (a local disk; an object store adds the bytes'
 transfer time, which scales the same way):
@@ -126,7 +126,7 @@ def time_v2(path: Path, layers) -> tuple[float, int, int]:
 def time_reader(uri: str, paths: set[str], layers) -> tuple[float, int]:
     """(seconds, samples) of the training reader itself (DatasetSplit.decode: every
     column, the frame cut to `layers`) over the rows of the shards at `paths`."""
-    from pipeline.shards.split import DatasetSplit
+    from pipeline.table.split import DatasetSplit
 
     split = DatasetSplit(uri)
     split.read_layers(layers)
@@ -165,7 +165,7 @@ def measure_step(uri: str, layers: list[int], steps: int, tmp: Path) -> float:
 
 
 def _target_of(uri: str) -> str:
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     return Dataset.open(uri).manifest().provenance.target_name
 
@@ -185,8 +185,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.reader import open_shard
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.reader import open_shard
 
     dataset = Dataset.open(args.uri)
     manifest = dataset.manifest()

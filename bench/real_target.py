@@ -127,7 +127,7 @@ def main() -> None:
     from pipeline.evaluate.serving_report import plot_serving, serving_markdown
     from pipeline.evaluate.uncertainty import PerSample, ratio_interval
     from pipeline.logs import setup_logging
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     setup_logging()
     load = os.getloadavg()[0]

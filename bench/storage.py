@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))
 from results_file import merge_results, write_section  # noqa: E402  (bench/ is sys.path[0])
 
 from pipeline.shards import codecs  # noqa: E402
-from pipeline.shards.manifest import Dataset  # noqa: E402
-from pipeline.shards.reader import ShardReader  # noqa: E402
 from pipeline.shards.schema import Provenance  # noqa: E402
 from pipeline.shards.writer import Sample  # noqa: E402
+from pipeline.table.dataset import Dataset  # noqa: E402
+from pipeline.table.reader import ShardReader  # noqa: E402
 
 RESULTS_JSON = ROOT / "bench" / "results.json"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"

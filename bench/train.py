@@ -47,7 +47,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from pipeline.demo.reference_shards import write_reference_shards
-    from pipeline.shards.reader import ShardReader
+    from pipeline.table.reader import ShardReader
     from pipeline.train.config import load_train_config, resolve_spec
     from pipeline.train.data import TrainingData, iter_batches
     from pipeline.train.trainer import train

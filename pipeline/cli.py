@@ -290,7 +290,7 @@ def inspect(uri: str, version: int | None, sources: bool, endpoint_url: str | No
     Example:
       dspark-targets inspect runs/demo/dataset
     """
-    from pipeline.shards.inspection import inspect_dataset
+    from pipeline.table.inspection import inspect_dataset
 
     report = inspect_dataset(
         check_dataset_uri(uri), version=version, endpoint_url=endpoint_url, sources=sources
@@ -334,7 +334,7 @@ def verify(
       dspark-targets verify s3://bucket/datasets/qwen3-8b --version 3
       dspark-targets verify runs/demo/dataset --against-target --samples 4
     """
-    from pipeline.shards.inspection import verify_dataset
+    from pipeline.table.inspection import verify_dataset
 
     report = verify_dataset(check_dataset_uri(uri), version=version, endpoint_url=endpoint_url)
     click.echo(report.to_text())
@@ -387,7 +387,7 @@ def export(
     Example:
       dspark-targets export runs/demo/dataset --format hf-datasets --out runs/demo/hf
     """
-    from pipeline.shards.export import export_dataset
+    from pipeline.table.export import export_dataset
 
     report = export_dataset(
         check_dataset_uri(uri),
@@ -444,8 +444,8 @@ def gc(
     Example:
       dspark-targets gc runs/demo/dataset --keep-versions 2 --delete
     """
-    from pipeline.shards.gc import gc_dataset
-    from pipeline.shards.retention import check_min_age
+    from pipeline.table.gc import gc_dataset
+    from pipeline.table.retention import check_min_age
 
     min_age_s = check_min_age(min_age_hours * 3600, unsafe=unsafe_min_age, what="--min-age-hours")
     report = gc_dataset(
@@ -475,7 +475,7 @@ def repair(uri: str, apply: bool, endpoint_url: str | None) -> None:
     Example:
       dspark-targets repair s3://bucket/datasets/qwen3-8b --apply
     """
-    from pipeline.shards.repair import repair_dataset
+    from pipeline.table.repair import repair_dataset
 
     report = repair_dataset(check_dataset_uri(uri), apply=apply, endpoint_url=endpoint_url)
     click.echo(report.to_text())

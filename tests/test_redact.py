@@ -139,8 +139,8 @@ def test_sentinel_credentials_reach_no_log_manifest_error_record_checkpoint_or_r
     from pipeline.logs import setup_logging
     from pipeline.regenerate.config import parse_config
     from pipeline.regenerate.run import run_local
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.reader import ShardReader
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.reader import ShardReader
     from pipeline.train.config import parse_train_config
     from pipeline.train.data import TrainingData
     from pipeline.train.trainer import train

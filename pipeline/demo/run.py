@@ -112,7 +112,7 @@ def regenerate_and_show(
     """A demo's steps `first_step` and the next: regenerate + capture, then `inspect` of the
     committed version and a few answers read back from its shards. Returns the RunSummary."""
     from pipeline.regenerate.run import run_regenerate
-    from pipeline.shards.inspection import inspect_dataset
+    from pipeline.table.inspection import inspect_dataset
 
     console.rule(f"[bold]{first_step}. regenerate + capture (local Ray, CPU vLLM replica)")
     summary = run_regenerate(config)
@@ -133,7 +133,7 @@ def answers_table(
 
     from pipeline.corpus.identity import sample_id
     from pipeline.corpus.ingest import load_corpus
-    from pipeline.shards.reader import ShardReader
+    from pipeline.table.reader import ShardReader
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     corpus = load_corpus(config.corpus)

@@ -73,7 +73,7 @@ def train_demo_draft(
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
 
     from pipeline.demo.reference_shards import write_reference_shards
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
     from pipeline.train.trainer import train
 
     if kind not in KINDS:

@@ -36,7 +36,7 @@ MAX_SEQ_LEN = 4096
 if TYPE_CHECKING:
     from pipeline.drafts.drafter import Drafter
     from pipeline.drafts.load import LoadedDraft
-    from pipeline.shards.reader import TrainingSample
+    from pipeline.table.reader import TrainingSample
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _check_left_out(config: EvalConfig, train_configs: dict[str, dict]) -> None:
 
 def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict, target_dir: Path):
     """(held-out samples, data description) after the provenance and leakage checks."""
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     uri = config.data.uri
     if uri is None:
@@ -151,7 +151,7 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
 
     from pipeline.drafts.family import language_config
     from pipeline.evaluate.offline import inexact_reasons
-    from pipeline.shards.split import DatasetSplit
+    from pipeline.table.split import DatasetSplit
 
     data = DatasetSplit(
         uri,
@@ -210,8 +210,8 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
 
 def draft_samples(samples: list, data_info: dict, spec) -> list:
     """Held-out samples as a draft of `spec` reads them: hidden_states cut to its layers
-    (the same columns training gave it, shards/split.py `select_layers`)."""
-    from pipeline.shards.split import select_layers
+    (the same columns training gave it, table/split.py `select_layers`)."""
+    from pipeline.table.split import select_layers
 
     captured = data_info["aux_layer_ids"]
     return [select_layers(s, captured, spec.aux_layer_ids) for s in samples]

@@ -206,10 +206,10 @@ def plan_capacity(
     if days is not None:
         versions = max(versions, math.ceil(days * 86400 / shape.commit_every_seconds))
     versions = min(versions, shards)
-    # Manifest format 2 (shards/segments.py): a small root per version naming
+    # Manifest format 2 (table/segments.py): a small root per version naming
     # immutable delta segments, merged FANOUT at a time, so each shard entry is
     # written about 1 + log_FANOUT(versions) times and a root stays bounded.
-    from pipeline.shards.segments import FANOUT
+    from pipeline.table.segments import FANOUT
 
     levels = max(1.0, math.log(max(versions, 1), FANOUT))
     segments = versions + math.ceil(versions / (FANOUT - 1))

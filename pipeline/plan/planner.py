@@ -262,7 +262,7 @@ def compare_with_dataset(
     report: PlanReport, uri: str, *, endpoint_url: str | None = None
 ) -> dict[str, Any]:
     """Predicted against committed: samples, tokens, bytes, shards, versions, objects."""
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     if report.capacity is None:
         raise ValueError("nothing to compare: the plan lacks " + "; ".join(report.missing))

@@ -44,7 +44,7 @@ from pipeline.regenerate.units import UnitResult, UnitSpec, WorkUnit
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
     from pipeline.shards.schema import Provenance
-    from pipeline.shards.sink import DatasetSink
+    from pipeline.table.sink import DatasetSink
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,9 @@ def _start(
     version has yet (`refresh`: also changed ones; removed ones are tombstoned).
     """
     from pipeline.regenerate.driver.worklist import plan_against
-    from pipeline.shards.lease import WriteSession
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.sink import DatasetSink
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.lease import WriteSession
+    from pipeline.table.sink import DatasetSink
 
     if config.corpus.self_prompts is not None:  # before the lease: it runs the target once
         from pipeline.regenerate.driver.self_prompts import ensure_self_prompts

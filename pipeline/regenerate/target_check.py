@@ -140,7 +140,7 @@ def check_against_target(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.shards.reader import ShardReader
+    from pipeline.table.reader import ShardReader
     from pipeline.targets.identity import weights_revision
     from pipeline.targets.resolve import resolve_model
 
@@ -233,7 +233,7 @@ def _diagnosis(candidates: list[str], name: str, nearest: str) -> str:
 
 def _live_sample_ids(reader) -> list[str]:
     """Every live sample id of the reader's version (reads only the id column)."""
-    from pipeline.shards.reader import open_shard
+    from pipeline.table.reader import open_shard
 
     out: list[str] = []
     for entry in reader.manifest.shards:

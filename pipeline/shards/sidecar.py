@@ -17,8 +17,8 @@ writer reported (`ShardInfo.samples`) and bound to the shard by its sha256:
 planning (a rerun does not retry a deterministic failure) and as members for
 the exactly-once check, like rows.
 
-Shards of manifest format 1 have no sidecar; `read_index` then reads the id,
-domain and source columns of the file itself.
+A shard whose writer reported no members gets its index from the id, domain
+and source columns of the file itself (`index_from_parquet`).
 
 The partition key of a sample (`corpus.identity.partition_key`) is a 64-bit hash of its
 conversation part (the sample id without its `-<turn>` suffix), so every turn
@@ -108,7 +108,7 @@ class SampleIndex:
             attempted = tuple((str(a), str(b)) for a, b in body["attempted"])
             return cls(str(body["shard"]), str(body["sha256"]), rows, attempted)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            from pipeline.shards.versions import DatasetError
+            from pipeline.shards.errors import DatasetError
 
             raise DatasetError(f"{where}: unreadable sample index ({err})") from None
 
@@ -128,7 +128,7 @@ def build_index(
 
 
 def index_from_parquet(storage: Storage, shard: str, sha256: str) -> SampleIndex:
-    """The index of a shard without a sidecar (manifest format 1): read its small columns."""
+    """The index of a shard whose writer reported no members: read its small columns."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -152,7 +152,7 @@ def key_hex(key: int) -> str:
 
 
 def ranges_overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
-    """Unknown ranges (None: a shard of manifest format 1) overlap everything."""
+    """Unknown ranges (None) overlap everything."""
     if a is None or b is None:
         return True
     return a[0] <= b[1] and b[0] <= a[1]
@@ -168,7 +168,7 @@ class RangeIndex:
     Shards planned by bucket cover a narrow range (at most `narrow_span`): they
     sit in a list sorted by their low key, so the shards a new range can
     overlap are found by bisection. Wider ranges (shards written outside the
-    planner, or of format 1 with no range) are few and checked one by one.
+    planner, or with no range) are few and checked one by one.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Stream committed shards into DSpark training batches, resumable to the sample.
 
 * **Validation before step 0**, the held-out split by a hash of the sample id
-  and decoding: pipeline/shards/split.py (`DatasetSplit`, which evaluation
+  and decoding: pipeline/table/split.py (`DatasetSplit`, which evaluation
   reads too); `TrainingData` is a DatasetSplit with epochs and following.
 * **Order**: each epoch permutes the shards and, inside every row group, the
   rows (seeded by `seed` and the epoch). Only the small columns (sample id,
@@ -36,9 +36,9 @@ import numpy as np
 
 from pipeline.drafts.spec import DraftSpec
 from pipeline.logs import kv
-from pipeline.shards.pins import version_pin
-from pipeline.shards.reader import next_version
-from pipeline.shards.split import DatasetSplit, RowRef
+from pipeline.table.pins import version_pin
+from pipeline.table.reader import next_version
+from pipeline.table.split import DatasetSplit, RowRef
 from pipeline.train.config import TrainDataConfig
 from pipeline.train.packing import TrainBatch, derived_seed, pack, sample_anchors
 
@@ -62,7 +62,7 @@ class TrainingData(DatasetSplit):
 
     def __init__(self, cfg: TrainDataConfig, *, pin_prefix: str | None = None) -> None:
         self.cfg = cfg
-        self.pin_prefix = pin_prefix  # a run's pins (shards/pins.py): each followed version
+        self.pin_prefix = pin_prefix  # a run's pins (table/pins.py): each followed version
         super().__init__(
             cfg.uri,
             version=cfg.version,

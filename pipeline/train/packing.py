@@ -1,6 +1,6 @@
 """How decoded samples become a training batch: anchors, packing.
 
-* **Truncation** (pipeline/shards/split.py, at decoding): a sample longer than
+* **Truncation** (pipeline/table/split.py, at decoding): a sample longer than
   `max_seq_len` keeps its first `max_seq_len` tokens (prompt first, then the
   answer's beginning); anchors are drawn on what is kept, so memory per sample
   is bounded whatever the answer.
@@ -21,7 +21,7 @@ import torch
 from pipeline.corpus.identity import hash64
 from pipeline.drafts.common import DraftInputs
 from pipeline.drafts.spec import DraftSpec
-from pipeline.shards.reader import TrainingSample
+from pipeline.table.reader import TrainingSample
 
 
 @dataclass

@@ -56,7 +56,7 @@ from pipeline.drafts.checkpoint import (
 )
 from pipeline.drafts.registry import draft_kind
 from pipeline.logs import kv
-from pipeline.shards.pins import release_pins, run_pin_prefix, version_pin
+from pipeline.table.pins import release_pins, run_pin_prefix, version_pin
 from pipeline.torch_threads import torch_threads
 from pipeline.train.config import TrainConfig, dump_train_config
 from pipeline.train.metrics import (
@@ -146,7 +146,7 @@ def pin_data_version(config: TrainConfig) -> TrainConfig:
     (`data.follow`) pins the version it starts on, waiting for a first one while
     a writer holds the lease; its epoch 0 replays the history from there.
     """
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     data = config.data
     version = data.version
@@ -172,7 +172,7 @@ def pin_data_version(config: TrainConfig) -> TrainConfig:
                 )
             version = pinned
     if version is None and data.follow:
-        from pipeline.shards.reader import wait_for_first_version
+        from pipeline.table.reader import wait_for_first_version
 
         dataset = Dataset.open(data.uri, endpoint_url=data.endpoint_url)
         version = wait_for_first_version(dataset, data.follow_poll_s, data.follow_timeout_s)
@@ -193,7 +193,7 @@ def pin_data_version(config: TrainConfig) -> TrainConfig:
 
 def release_run_pins(config: TrainConfig) -> list[str]:
     """Remove the pins of a finished run (pin_data_version, and each version it followed)."""
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     dataset = Dataset.open(config.data.uri, endpoint_url=config.data.endpoint_url)
     return release_pins(dataset, run_pin_prefix(config.out_dir))

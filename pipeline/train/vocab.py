@@ -30,7 +30,7 @@ from pipeline.targets.resolve import eos_token_ids
 if TYPE_CHECKING:
     import numpy as np
 
-    from pipeline.shards.split import DatasetSplit, RowRef
+    from pipeline.table.split import DatasetSplit, RowRef
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def answer_token_counts(
     training reads it."""
     import numpy as np
 
-    from pipeline.shards.reader import open_shard, read_row_group
+    from pipeline.table.reader import open_shard, read_row_group
 
     counts = np.zeros(vocab_size, dtype=np.int64)
     groups: dict[tuple[int, int], list[int]] = {}

@@ -19,7 +19,7 @@ def main(cmd: str, *args: str) -> int:
     if cmd == "write-big":
         from shards.helpers import provenance, sample
 
-        from pipeline.shards.manifest import Dataset
+        from pipeline.table.dataset import Dataset
 
         root, unit = args
         ds = Dataset.open(root)

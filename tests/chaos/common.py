@@ -15,8 +15,8 @@ from reliability import record
 
 from pipeline.corpus.ingest import load_corpus
 from pipeline.regenerate.config import PipelineConfig, parse_config
-from pipeline.shards.inspection import verify_dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.inspection import verify_dataset
+from pipeline.table.reader import ShardReader
 
 
 def run_config(

@@ -16,10 +16,12 @@ from click.testing import CliRunner
 from faults import FullDisk
 
 from pipeline.regenerate.run import run_local
-from pipeline.shards.inspection import verify_dataset
-from pipeline.shards.manifest import Dataset, DatasetError, manifest_key
-from pipeline.shards.reader import ShardReader
 from pipeline.storage import LocalStorage
+from pipeline.table.dataset import Dataset
+from pipeline.table.errors import DatasetError
+from pipeline.table.inspection import verify_dataset
+from pipeline.table.layout import manifest_key
+from pipeline.table.reader import ShardReader
 
 from .common import Timer, exactly_once, expected_ids, publish, run_config
 
@@ -48,7 +50,7 @@ def _ids(uri: str, **kwargs) -> list[str]:
 def test_a_full_disk_stops_the_run_and_nothing_committed_is_lost(dataset, monkeypatch, short_lease):
     """ENOSPC from a storage wrapper (a tmpfs or loop device needs mount privileges; the
     wrapper fails at an exact byte, the same every run): the run stops naming it."""
-    import pipeline.shards.manifest as manifest_mod
+    import pipeline.table.dataset as manifest_mod
 
     timer = Timer()
     before = set(_ids(dataset))

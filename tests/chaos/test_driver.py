@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.regenerate.run import run_local
-from pipeline.shards.gc import gc_dataset
-from pipeline.shards.lease import LeaseHeld
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.gc import gc_dataset
+from pipeline.table.lease import LeaseHeld
+from pipeline.table.reader import ShardReader
 
 from .common import Timer, exactly_once, expected_ids, publish, run_config
 

@@ -50,14 +50,15 @@ from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 from shards.helpers import write_unit
 
 from pipeline.shards import lease, retention
-from pipeline.shards.commit import StaleCommit
-from pipeline.shards.export import export_dataset
-from pipeline.shards.gc import gc_dataset
-from pipeline.shards.lease import LeaseHeld, LeaseLost, WriteSession
-from pipeline.shards.manifest import CommitConflict, Dataset, DatasetError
-from pipeline.shards.pins import read_pins, release_pins, version_pin
-from pipeline.shards.reader import ShardReader
-from pipeline.shards.versions import LATEST_KEY, manifest_key
+from pipeline.table.commit import StaleCommit
+from pipeline.table.dataset import Dataset
+from pipeline.table.errors import CommitConflict, DatasetError
+from pipeline.table.export import export_dataset
+from pipeline.table.gc import gc_dataset
+from pipeline.table.layout import LATEST_KEY, manifest_key
+from pipeline.table.lease import LeaseHeld, LeaseLost, WriteSession
+from pipeline.table.pins import read_pins, release_pins, version_pin
+from pipeline.table.reader import ShardReader
 
 SEED = 32
 SOAK_S = float(os.environ.get("DSPARK_SOAK_S", "120"))

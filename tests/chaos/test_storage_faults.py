@@ -19,10 +19,10 @@ from faults import Faults, install_faults
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 
 from pipeline.regenerate.run import run_local
-from pipeline.shards.gc import gc_dataset
-from pipeline.shards.inspection import verify_dataset
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.gc import gc_dataset
+from pipeline.table.inspection import verify_dataset
+from pipeline.table.reader import ShardReader
 
 from .common import Timer, exactly_once, expected_ids, publish, run_config
 

@@ -69,7 +69,7 @@ def test_every_stage_derives_the_same_values_through_it():
     )
     from pipeline.regenerate.driver.provenance import corpus_version
     from pipeline.shards.sidecar import bucket_of
-    from pipeline.shards.split import is_heldout
+    from pipeline.table.split import is_heldout
     from pipeline.train.packing import derived_seed
 
     assert conversation_id(CHAT) == CHAT_HASH[:24]

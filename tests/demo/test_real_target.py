@@ -32,7 +32,7 @@ def test_the_real_config_captures_a_handful_of_conversations(tmp_path):
     from pipeline.regenerate.config import load_config
     from pipeline.regenerate.run import run_local
     from pipeline.regenerate.target_check import check_against_target
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
     from pipeline.torch_threads import torch_threads
 
     config = load_config(

@@ -7,8 +7,8 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.corpus.ingest import load_corpus
 from pipeline.demo.reference_shards import reference_config, write_reference_shards
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.reader import ShardReader
 
 
 def test_reference_shards_follow_the_capture_convention_and_resume(tmp_path, trained_target_dir):

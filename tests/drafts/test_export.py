@@ -51,7 +51,7 @@ def _config(result):
 def test_speculators_config_as_vllm_converts_it(drafts, toy_shards):
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     aux = list(Dataset.open(str(toy_shards)).manifest().provenance.aux_layer_ids)
     config = _config(drafts["dflash"])

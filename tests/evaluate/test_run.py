@@ -287,8 +287,8 @@ def test_lossy_or_sampled_data_is_refused_or_reported_as_teacher_forced(tmp_path
     assert "output.codec: bf16" in message and "data.report_as_teacher_forced: true" in message
     _, info = load_heldout(config(report_as_teacher_forced=True), {}, {}, target_dir)
     assert info["t0_measure"] == "teacher-forced agreement" and "fp8" in info["t0_inexact"][0]
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.pins import pinned_versions
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.pins import pinned_versions
 
     assert pinned_versions(Dataset.open(uri)) == {}  # pinned while read, released after
     report = {"target": "toy:random", "data": info, "drafts": {}}
@@ -307,7 +307,7 @@ def test_drafts_on_different_layer_subsets_evaluate_on_their_own_columns(
 
     from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
     from pipeline.evaluate.run import MAX_SEQ_LEN
-    from pipeline.shards.split import DatasetSplit
+    from pipeline.table.split import DatasetSplit
 
     subsets = {"DFlash 1,3": [1, 3], "EAGLE-3 2": [2]}
     kinds = {"DFlash 1,3": "dflash", "EAGLE-3 2": "eagle3"}

@@ -33,7 +33,7 @@ def test_toy_prediction_within_10_percent_of_the_committed_dataset(tmp_path, tra
     assert planned["conversations"] == 64 and planned["rows"] == report.corpus.num_samples
     assert planned["prompt_tokens"] == pytest.approx(report.corpus.prompt_tokens, rel=1e-3)
     assert "corpus sources" in report.to_text() and source in report.to_text()
-    from pipeline.shards.inspection import inspect_dataset
+    from pipeline.table.inspection import inspect_dataset
 
     inspected = inspect_dataset(str(uri), sources=True)
     stored = inspected.sources[source]

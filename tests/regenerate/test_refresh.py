@@ -21,8 +21,9 @@ from pipeline.regenerate.config import parse_config
 from pipeline.regenerate.refresh import run_refresh
 from pipeline.regenerate.run import run_local
 from pipeline.shards import lease
-from pipeline.shards.lease import LeaseHeld, LeaseLost, WriteSession
-from pipeline.shards.manifest import Dataset, DatasetError, LineageMismatch
+from pipeline.table.dataset import Dataset
+from pipeline.table.errors import DatasetError, LineageMismatch
+from pipeline.table.lease import LeaseHeld, LeaseLost, WriteSession
 from pipeline.targets.hf_backend import HFTarget
 from pipeline.torch_threads import torch_threads
 
@@ -250,8 +251,8 @@ def test_cli_refresh_exits_at_once_naming_the_holder(tmp_path):
 def test_gc_running_during_a_regeneration_deletes_nothing_it_names(tmp_path, requests, monkeypatch):
     import os
 
-    from pipeline.shards.gc import gc_dataset
-    from pipeline.shards.inspection import verify_dataset
+    from pipeline.table.gc import gc_dataset
+    from pipeline.table.inspection import verify_dataset
 
     corpus, uri = tmp_path / "corpus.jsonl", tmp_path / "ds"
     _write(corpus, _rows(range(12)))

@@ -12,8 +12,8 @@ from ray.exceptions import GetTimeoutError
 from pipeline.corpus.ingest import load_corpus
 from pipeline.regenerate.config import parse_config
 from pipeline.regenerate.run import run_regenerate
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.reader import ShardReader
 
 pytestmark = pytest.mark.slow
 

@@ -32,9 +32,9 @@ def good_dataset(tmp_path_factory, trained_target_dir) -> Path:
 @pytest.fixture(scope="module")
 def shifted_dataset(good_dataset) -> Path:
     """A copy whose aux ids 1 and 2 hold the streams after layers 2 and 3."""
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.reader import ShardReader
     from pipeline.shards.writer import Sample
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.reader import ShardReader
 
     reader = ShardReader(good_dataset, prefetch=0)
     prov = reader.manifest.provenance

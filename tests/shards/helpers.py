@@ -67,8 +67,8 @@ def write_unit(dataset, unit: str, num_samples: int, codec: str = "bf16", **kwar
 def assert_exactly_once(uri, samples, **reader_kwargs) -> None:
     """Every sample in `samples` is readable from the latest version exactly once, bit-exact,
     nothing else is there, and `verify` finds the version clean."""
-    from pipeline.shards.inspection import verify_dataset
-    from pipeline.shards.reader import ShardReader
+    from pipeline.table.inspection import verify_dataset
+    from pipeline.table.reader import ShardReader
 
     want = {s.sample_id: s for s in samples}
     got = list(ShardReader(uri, prefetch=0, **reader_kwargs))

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.shards.manifest import Dataset
 from pipeline.shards.schema import KEY_PROVENANCE, KEY_SCHEMA_VERSION, KEY_UNIT_ID
 from pipeline.shards.writer import ShardWriter, shard_key
 from pipeline.storage import LocalStorage
+from pipeline.table.dataset import Dataset
 
 from .helpers import provenance, sample, write_unit
 

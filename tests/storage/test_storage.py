@@ -172,9 +172,9 @@ def test_credentials_never_reach_logs_manifests_or_output(
     from shards.helpers import write_unit
 
     from pipeline.cli import cli
-    from pipeline.shards.gc import gc_dataset
-    from pipeline.shards.inspection import inspect_dataset, verify_dataset
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.gc import gc_dataset
+    from pipeline.table.inspection import inspect_dataset, verify_dataset
 
     caplog.set_level(logging.DEBUG)  # botocore and s3fs included
     ds = Dataset.open(s3_uri, endpoint_url=moto_endpoint)

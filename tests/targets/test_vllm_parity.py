@@ -11,8 +11,8 @@ from pipeline.regenerate.driver.partition import plan_units
 from pipeline.regenerate.driver.provenance import build_provenance
 from pipeline.regenerate.units import UnitSpec
 from pipeline.render import first_prompt, render_prompt
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.reader import ShardReader
 from pipeline.targets.base import GenerationRequest
 from pipeline.targets.hf_backend import HFTarget
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.shards.split import is_heldout, truncate
+from pipeline.table.split import is_heldout, truncate
 from pipeline.train.config import DraftConfig, TrainDataConfig, resolve_spec
 from pipeline.train.data import DataPosition, TrainingData, iter_batches
 from pipeline.train.packing import sample_anchors
@@ -160,8 +160,8 @@ def test_long_samples_are_truncated_before_anchors_are_drawn(toy_shards, spec):
 def test_a_follower_pins_each_version_it_follows(toy_shards, tmp_path):
     import shutil
 
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.pins import pinned_versions
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.pins import pinned_versions
 
     uri = tmp_path / "ds"
     shutil.copytree(toy_shards, uri)

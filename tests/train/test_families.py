@@ -42,8 +42,8 @@ def test_config_resolution_and_capture_follow_the_family(family):
     from transformers import AutoModelForCausalLM
 
     from pipeline.drafts.common import load_target_head, softcap
-    from pipeline.shards.manifest import Dataset
-    from pipeline.shards.reader import ShardReader
+    from pipeline.table.dataset import Dataset
+    from pipeline.table.reader import ShardReader
     from pipeline.targets.resolve import target_shape
 
     name, target, uri = family

@@ -17,8 +17,8 @@ from pipeline.cli import cli
 from pipeline.demo.reference_shards import reference_config
 from pipeline.drafts.checkpoint import latest_checkpoint, load_checkpoint
 from pipeline.regenerate.run import run_local
-from pipeline.shards.lease import lease_holder
-from pipeline.shards.manifest import Dataset
+from pipeline.table.dataset import Dataset
+from pipeline.table.lease import lease_holder
 from pipeline.targets.hf_backend import HFTarget
 from pipeline.torch_threads import torch_threads
 from pipeline.train.config import parse_train_config

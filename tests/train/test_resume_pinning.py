@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from pipeline.drafts.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from pipeline.shards.gc import gc_dataset
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.pins import pinned_versions
 from pipeline.storage import UnsafePath
+from pipeline.table.dataset import Dataset
+from pipeline.table.gc import gc_dataset
+from pipeline.table.pins import pinned_versions
 from pipeline.train.data import TrainingData
 from pipeline.train.trainer import train
 

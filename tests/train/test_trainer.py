@@ -228,7 +228,7 @@ def test_a_draft_trains_on_a_subset_of_the_captured_layers(toy_shards, tmp_path)
     import json
 
     from pipeline.drafts.checkpoint import load_checkpoint
-    from pipeline.shards.split import DataMismatchError
+    from pipeline.table.split import DataMismatchError
     from pipeline.train.data import TrainingData, iter_batches
     from pipeline.train.trainer import Trainer
 

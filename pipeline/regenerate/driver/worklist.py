@@ -21,8 +21,8 @@ from pipeline.regenerate.units import WorkUnit
 if TYPE_CHECKING:
     from pipeline.corpus.ingest import Corpus
     from pipeline.regenerate.config import PipelineConfig
-    from pipeline.shards.manifest import Dataset
     from pipeline.shards.schema import Provenance
+    from pipeline.table.dataset import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def plan_against(config: PipelineConfig, dataset: Dataset, *, refresh: bool) -> 
         run_fingerprint,
     )
     from pipeline.regenerate.driver.provenance import build_provenance, corpus_version, run_identity
-    from pipeline.shards.manifest import LineageMismatch
+    from pipeline.table.errors import LineageMismatch
 
     cfg = config.regenerate
     corpus = load_corpus(config.corpus)

@@ -319,7 +319,7 @@ class ShardWriteback:
 
     def _write_unit(self, unit_id: str, target: ShardTarget, errors, rows, done: Done) -> None:
         from pipeline.corpus.records import RowError
-        from pipeline.shards.manifest import Dataset
+        from pipeline.table.dataset import Dataset
 
         held = 0
         spill = None

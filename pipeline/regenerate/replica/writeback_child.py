@@ -53,8 +53,8 @@ def child_main(
     # What the first sample needs, imported now, while the engine starts.
     import pipeline.regenerate.replica.pending  # noqa: F401
     import pipeline.shards.codecs  # noqa: F401  (torch, zstandard)
-    import pipeline.shards.manifest  # noqa: F401  (pyarrow, storage)
     import pipeline.shards.writer  # noqa: F401
+    import pipeline.table.dataset  # noqa: F401  (pyarrow, storage)
     import pipeline.targets.capture_rows  # noqa: F401  (the spool, opened on Bind)
 
     replies: queue.SimpleQueue = queue.SimpleQueue()

@@ -206,7 +206,7 @@ def test_loss_falls_and_export_is_speculators_eagle3(eagle3_draft, toy_shards):
     from safetensors import safe_open
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
-    from pipeline.shards.manifest import Dataset
+    from pipeline.table.dataset import Dataset
 
     result = eagle3_draft
     losses = [m["loss"] for m in result.metrics]

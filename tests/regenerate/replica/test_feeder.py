@@ -21,8 +21,8 @@ from pipeline.regenerate.driver.partition import plan_units
 from pipeline.regenerate.driver.provenance import build_provenance
 from pipeline.regenerate.replica.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.units import UnitSpec
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.reader import ShardReader
 
 pytestmark = pytest.mark.slow
 

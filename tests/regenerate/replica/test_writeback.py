@@ -17,8 +17,8 @@ from pipeline.regenerate.replica.feeder import EngineFeeder, FeedLimits
 from pipeline.regenerate.replica.writeback import WritebackConfig
 from pipeline.regenerate.replica.writeback_process import start_writeback
 from pipeline.regenerate.units import UnitSpec
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.reader import ShardReader
 from pipeline.targets.hf_backend import HFTarget
 
 

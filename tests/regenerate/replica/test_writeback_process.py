@@ -24,8 +24,8 @@ from shards.helpers import provenance, sample
 from pipeline.regenerate.replica.pending import PendingSample
 from pipeline.regenerate.replica.writeback import ShardTarget, ShardWriteback, WritebackConfig
 from pipeline.regenerate.replica.writeback_process import ProcessWriteback, WritebackFailed
-from pipeline.shards.manifest import Dataset
-from pipeline.shards.reader import ShardReader
+from pipeline.table.dataset import Dataset
+from pipeline.table.reader import ShardReader
 from pipeline.targets.base import CapturedStates, Generation, HeldRows
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,0 +1,29 @@
+"""The versioned table's errors; each message names the dataset, version or file."""
+
+from __future__ import annotations
+
+from pipeline.table.errors import DatasetError
+
+__all__ = [
+    "CommitConflict",
+    "DatasetError",
+    "DuplicateSampleError",
+    "ImmutableShardError",
+    "LineageMismatch",
+]
+
+
+class CommitConflict(RuntimeError):
+    """Another committer published the version this commit was going to publish."""
+
+
+class ImmutableShardError(ValueError):
+    """A commit tried to change a shard that an earlier version already names."""
+
+
+class DuplicateSampleError(DatasetError):
+    """A commit would list a sample id twice in one version."""
+
+
+class LineageMismatch(DatasetError):
+    """A commit's provenance differs from the lineage of the version it builds on."""
