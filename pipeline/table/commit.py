@@ -48,10 +48,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from pipeline.shards import retention
 from pipeline.shards.schema import Provenance
 from pipeline.shards.sidecar import SampleIndex, key_hex, sidecar_key
 from pipeline.storage import AlreadyExists
+from pipeline.table import retention
 from pipeline.table.checks import (
     check_against_parent,
     check_no_repeats,

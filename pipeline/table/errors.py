@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.table.errors import DatasetError
+from pipeline.shards.errors import DatasetError
 
 __all__ = [
     "CommitConflict",

@@ -42,10 +42,10 @@ import re
 import time
 from dataclasses import dataclass
 
-from pipeline.shards import retention
 from pipeline.shards.sidecar import SIDECAR_PREFIX
 from pipeline.shards.writer import SHARD_PREFIX
 from pipeline.storage import AlreadyExists, ObjectInfo, UploadInfo
+from pipeline.table import retention
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.layout import manifest_key, retired_key

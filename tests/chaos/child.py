@@ -31,7 +31,7 @@ def main(cmd: str, *args: str) -> int:
     elif cmd == "run":
         import torch
 
-        from pipeline.shards import lease
+        from pipeline.table import lease
 
         torch.set_num_threads(1)  # as the chaos suite's own process (conftest.py)
 

@@ -81,7 +81,7 @@ def restartable_s3(moto_endpoint) -> Iterator[RestartableS3]:  # moto_endpoint: 
 def short_lease(monkeypatch):
     """A 6 s writer lease (1 s clock margin) instead of 60 s (10 s): a rerun after a dead
     driver waits ~8 s for its lease to expire instead of ~70 s. Same code, shorter clock."""
-    from pipeline.shards import lease
+    from pipeline.table import lease
 
     monkeypatch.setattr(lease, "DEFAULT_TTL_S", 6.0)
     monkeypatch.setattr(lease, "CLOCK_MARGIN_S", 1.0)

@@ -49,7 +49,7 @@ from reliability import record
 from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 from shards.helpers import write_unit
 
-from pipeline.shards import lease, retention
+from pipeline.table import lease, retention
 from pipeline.table.commit import StaleCommit
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import CommitConflict, DatasetError

@@ -20,7 +20,7 @@ from pipeline.corpus.ingest import load_corpus
 from pipeline.regenerate.config import parse_config
 from pipeline.regenerate.refresh import run_refresh
 from pipeline.regenerate.run import run_local
-from pipeline.shards import lease
+from pipeline.table import lease
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError, LineageMismatch
 from pipeline.table.lease import LeaseHeld, LeaseLost, WriteSession

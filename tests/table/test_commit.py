@@ -6,15 +6,14 @@ import errno
 import time
 
 import pytest
+from shards.helpers import assert_exactly_once, provenance, write_unit
 
-from pipeline.shards import retention
+from pipeline.table import retention
 from pipeline.table.commit import StaleCommit
 from pipeline.table.dataset import Dataset
 from pipeline.table.gc import gc_dataset
 from pipeline.table.layout import LATEST_KEY, manifest_key
 from pipeline.table.sink import DatasetSink
-
-from .helpers import assert_exactly_once, provenance, write_unit
 
 
 class _PointerDown:

@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+from shards.helpers import write_unit
+
 from pipeline.table.dataset import Dataset
 from pipeline.table.gc import gc_dataset
 from pipeline.table.inspection import verify_dataset
 from pipeline.table.reader import ShardReader
-
-from .helpers import write_unit
 
 CHILD = Path(__file__).with_name("child.py")
 

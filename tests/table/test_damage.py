@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from shards.helpers import write_unit
 
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.reader import ShardReader
-
-from .helpers import write_unit
 
 
 def test_shards_carry_page_crcs_and_a_flipped_bit_is_named(tmp_path):

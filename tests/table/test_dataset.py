@@ -7,10 +7,11 @@ import threading
 
 import jsonschema
 import pytest
+from shards.helpers import provenance, sample, write_unit
 
 import schemas
-from pipeline.shards import segments
 from pipeline.storage import AlreadyExists
+from pipeline.table import segments
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import (
     CommitConflict,
@@ -21,8 +22,6 @@ from pipeline.table.errors import (
 from pipeline.table.inspection import verify_dataset
 from pipeline.table.layout import LATEST_KEY, manifest_key
 from pipeline.table.reader import ShardReader
-
-from .helpers import provenance, sample, write_unit
 
 
 def test_commits_make_versions_and_move_latest(root):

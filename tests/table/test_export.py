@@ -6,12 +6,11 @@ import json
 
 import pytest
 import torch
+from shards.helpers import LAYERS, write_unit
 
 from pipeline.table.dataset import Dataset
 from pipeline.table.export import export_dataset
 from pipeline.table.reader import ShardReader
-
-from .helpers import LAYERS, write_unit
 
 
 @pytest.fixture
@@ -96,7 +95,7 @@ def test_cli_export(dataset, tmp_path):
 
 
 def test_an_export_pins_its_version_while_it_reads(tmp_path, monkeypatch):
-    from pipeline.shards import export as export_module
+    from pipeline.table import export as export_module
     from pipeline.table.pins import pinned_versions
 
     ds = Dataset.open(tmp_path / "ds")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from shards.helpers import write_unit
 
 from pipeline.cli import cli
 from pipeline.table.dataset import Dataset
 from pipeline.table.gc import gc_dataset
 from pipeline.table.inspection import inspect_dataset, verify_dataset
-
-from .helpers import write_unit
 
 
 @pytest.fixture

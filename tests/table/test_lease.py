@@ -6,8 +6,9 @@ import threading
 import time
 
 import pytest
+from shards.helpers import assert_exactly_once, write_unit
 
-from pipeline.shards import lease
+from pipeline.table import lease
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import CommitConflict
 from pipeline.table.gc import gc_dataset
@@ -19,8 +20,6 @@ from pipeline.table.lease import (
     live_sessions,
     read_lease,
 )
-
-from .helpers import assert_exactly_once, write_unit
 
 
 def test_one_holder_at_a_time_and_the_second_names_the_first(root):

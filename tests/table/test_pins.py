@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from shards.helpers import assert_exactly_once, write_unit
 
-from pipeline.shards import pins
+from pipeline.table import pins
 from pipeline.table.dataset import Dataset
 from pipeline.table.gc import gc_dataset
 from pipeline.table.pins import pin_version, pinned_versions, unpin_version
-
-from .helpers import assert_exactly_once, write_unit
 
 
 def test_pins(root):

@@ -8,13 +8,12 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 import torch
+from shards.helpers import write_unit
 
 from pipeline.shards import codecs
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.reader import ShardReader
-
-from .helpers import write_unit
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -7,14 +7,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from shards.helpers import assert_exactly_once, write_unit
 
 from pipeline.cli import cli
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.layout import LATEST_KEY, manifest_key
 from pipeline.table.repair import repair_dataset
-
-from .helpers import assert_exactly_once, write_unit
 
 
 def _three_versions(ds):

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from shards.helpers import write_unit
 
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.inspection import verify_dataset
-
-from .helpers import write_unit
 
 
 def test_a_sidecar_edited_into_valid_json_is_refused_before_a_commit_trusts_it(root):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from shards.helpers import provenance, write_unit
 
 from pipeline.table.dataset import Dataset
 from pipeline.table.sink import DatasetSink
-
-from .helpers import provenance, write_unit
 
 
 def _sink(dataset, every_units=2, every_seconds=3600.0):

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from shards.helpers import write_unit
 
 from pipeline.shards import codecs
 from pipeline.table.dataset import Dataset
 from pipeline.table.layout import manifest_key
-
-from .helpers import write_unit
 
 README = Path(__file__).resolve().parents[2] / "schemas" / "README.md"
 
