@@ -1,6 +1,6 @@
 """One commit: sample-level checks, sidecars, a delta segment, merges, the root put.
 
-`commit()` is `Dataset.commit`'s body (manifest.py has the protocol). In order:
+`commit()` is `Dataset.commit`'s body (layout.py has the protocol). In order:
 
 1. **Lineage**: the parent's lineage continues unless `new_lineage`; every new
    shard's provenance (target, revision, template, layers, codec, generation)
@@ -32,7 +32,8 @@
 A commit that would change nothing (a retry of a commit that landed: its
 shards are all in the parent) returns the parent and publishes nothing.
 
-`commit()` runs these as the named steps of one `_Commit`. Bytes and reads per
+`commit()` runs these as the named steps of one `_Commit`; the commit point and
+what follows it (5's root put, 6 and 7) are publish.py's. Bytes and reads per
 commit depend on what the commit changes, not on the dataset size
 (bench/commit.py).
 """
@@ -41,17 +42,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.shards.schema import Provenance
 from pipeline.shards.sidecar import SampleIndex, key_hex, sidecar_key
-from pipeline.storage import AlreadyExists
-from pipeline.table import retention
 from pipeline.table.checks import (
     check_against_parent,
     check_no_repeats,
@@ -60,10 +56,12 @@ from pipeline.table.checks import (
     lineage_of,
     mismatch,
 )
-from pipeline.table.errors import CommitConflict, DatasetError, ImmutableShardError
-from pipeline.table.layout import HISTORY_LENGTH, manifest_key
-from pipeline.table.manifest import Manifest, SegmentRef, ShardEntry, Totals
+from pipeline.table.errors import DatasetError, ImmutableShardError
+from pipeline.table.layout import HISTORY_LENGTH
+from pipeline.table.manifest import Manifest, SegmentRef, ShardEntry
+from pipeline.table.publish import after_publish, now, publish_root, put_once
 from pipeline.table.segments import Drop, Segment, merge, run_to_merge
+from pipeline.table.totals import Counts, parent_totals
 
 if TYPE_CHECKING:
     from pipeline.shards.writer import ShardInfo
@@ -74,7 +72,29 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CommitRequest:
-    """What `Dataset.commit` was asked to publish (its docstring says what each field means)."""
+    """What `Dataset.commit` was asked to publish.
+
+    `drop` maps a live shard's path to sample ids tombstoned in it (the rows
+    stay in the file and readers skip them). `parent_version` defaults to the
+    newest version; pass an int (or None for "the dataset must be empty") to
+    commit on top of a version you planned against. `new_lineage` starts a
+    new lineage (nothing of the parent is carried); `num_buckets` fixes a
+    new lineage's bucket space. `fence` is called just before the commit
+    point and raises if this committer may no longer publish (a lost lease);
+    `fencing` marks the empty version a writer publishes after a takeover.
+
+    A commit that changes nothing (its shards are all in the parent: a retry of
+    one that landed) returns the parent and publishes nothing.
+
+    Raises CommitConflict if the parent's successor was published meanwhile (or
+    is a fencing version, or one gc retired: numbers are never reused);
+    StaleCommit (publish.py) if a new shard was written longer ago than the
+    commit bound (retention.py), or the root landed that late and a file was gone;
+    DuplicateSampleError if the version would list a sample id twice;
+    LineageMismatch if a shard's provenance differs from the lineage's;
+    ImmutableShardError if a path in the parent would change; DatasetError
+    if a shard file is missing or its size differs from what the writer wrote.
+    """
 
     shards: tuple[ShardInfo, ...]
     parent_version: int | None
@@ -89,10 +109,6 @@ class CommitRequest:
     fencing: bool = False  # an empty version that fences off an old lease holder (lease.py)
 
 
-class StaleCommit(DatasetError):
-    """A commit names files older than the longest commit gc allows for (retention.py)."""
-
-
 def commit(ds: DatasetLike, request: CommitRequest) -> Manifest:
     """Publish the next version (the module docstring lists the steps)."""
     c = _Commit(ds, request)
@@ -104,13 +120,9 @@ def commit(ds: DatasetLike, request: CommitRequest) -> Manifest:
     c.write_sidecars()
     c.write_segments()
     manifest = c.build_manifest()
-    c.publish(manifest)
-    c.after_publish(manifest)
+    publish_root(c, manifest)
+    after_publish(c, manifest)
     return manifest
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 class _Commit:
@@ -235,7 +247,7 @@ class _Commit:
             info = self.infos[path]
             key, data = sidecar_key(path), index.to_json().encode()
             self.written.append(key)
-            if _put_once(self.ds, key, data, what=f"{index.shard}'s index"):
+            if put_once(self.ds, key, data, what=f"{index.shard}'s index"):
                 self.reused[key] = data
             key_range = index.key_range()
             self.new_entries.append(
@@ -283,7 +295,7 @@ class _Commit:
     def build_manifest(self) -> Manifest:
         """The new version: entries, totals, history, as the root will say."""
         ds, parent, carry = self.ds, self.parent, self.carry
-        counts = _Counts(_totals(ds, parent if carry else None, self.base))
+        counts = Counts(parent_totals(ds, parent if carry else None, self.base))
         for path, index in self.indexes.items():
             counts.add_rows(index.rows, +1)
             counts.bytes += self.infos[path].bytes
@@ -308,7 +320,7 @@ class _Commit:
         for path in self.removed:
             del entries[path]
 
-        version, created = self.version, _now()
+        version, created = self.version, now()
         summary = {
             "version": version,
             "created_at": created,
@@ -354,103 +366,12 @@ class _Commit:
             last_complete_version=last_complete,
         )
 
-    def publish(self, manifest: Manifest) -> None:
-        """The fence and the age check, then the commit point: the root, create-only."""
-        if self.req.fence is not None:
-            self.req.fence()
-        age = self._age(self.ds.storage.clock) if self.oldest is not None else 0.0
-        if age > retention.MAX_COMMIT_AGE_S:
-            raise StaleCommit(
-                f"{self.ds.uri}: a shard of this commit was written {age / 3600:.1f} h ago, "
-                f"past the longest commit gc allows for ({retention.MAX_COMMIT_AGE_S / 3600:g} "
-                "h): it may be deleted meanwhile; this commit published nothing (redo the unit)"
-            )
-        try:
-            self.ds.storage.put_if_absent(manifest_key(manifest.version), manifest.root_json())
-        except AlreadyExists:
-            raise CommitConflict(
-                f"{self.ds.uri}: version {manifest.version} was committed by another writer "
-                f"(or is a fencing version, or one gc retired) while this commit was based on "
-                f"version {self.req.parent_version}; this commit published nothing (re-read the "
-                "latest version and commit again)"
-            ) from None
-
-    def _age(self, clock: Callable[[], float]) -> float:
-        assert self.oldest is not None
-        return clock() - self.oldest
-
-    def check_landed_in_time(self, manifest: Manifest) -> None:
-        """The root's own timestamp against the bound; a late root's files are checked after
-        any gc that missed it has re-read the versions (module docstring, step 6)."""
-        if self.oldest is None:
-            return
-        key = manifest_key(manifest.version)
-        age = self._age(lambda: self.ds.storage.info(key).mtime)
-        if age <= retention.MAX_COMMIT_AGE_S:
-            return
-        log.warning(
-            "version %d landed %.0f s after its oldest shard was written (bound %.0f s): "
-            "checking its files once gc cannot still hold an old view",
-            manifest.version,
-            age,
-            retention.MAX_COMMIT_AGE_S,
-        )
-        time.sleep(2 * retention.GC_REREAD_S)
-        named = [*self.infos, *self.written]
-        gone = [k for k in named if not _present(self.ds, k)]
-        if not gone:
-            return
-        copy = publish_copy(
-            self.ds,
-            self.parent,
-            manifest.version + 1,
-            {"reverts": manifest.version, "reason": f"files deleted before it landed: {gone[:3]}"},
-        )
-        raise StaleCommit(
-            f"{self.ds.uri}: version {manifest.version} landed {age / 3600:.1f} h after its "
-            f"shards were written and gc deleted {len(gone)} of its files meanwhile (e.g. "
-            f"{gone[0]}); version {copy.version} restores version {self.req.parent_version}: "
-            "this commit's samples are not committed (redo the units)"
-        )
-
-    def after_publish(self, manifest: Manifest) -> None:
-        """Reused files checked once more, caches, `_latest`, the dataset card."""
-        from pipeline.table.card import write_card
-
-        ds = self.ds
-        self.check_landed_in_time(manifest)
-        for key, data in self.reused.items():
-            try:
-                ds.storage.info(key)  # not exists(): it may answer from a listing cache
-            except FileNotFoundError:  # a gc deleted it after reading the versions
-                log.warning("put back %s, deleted while this commit reused it", key)
-                _put_once(ds, key, data, what=key)
-        if self.parent_ranges is not None:
-            ranges = self.parent_ranges.with_changes(self.new_entries, self.removed)
-            ds.remember_key_ranges(manifest.version, ranges)
-        ds.remember(manifest)
-        log.info(
-            "committed version=%d shards=%d rows=%d tokens=%d new_shards=%d dropped=%d uri=%s",
-            manifest.version,
-            len(manifest.entries),
-            manifest.totals.rows,
-            manifest.totals.tokens,
-            len(self.new_entries),
-            manifest.commit["dropped_samples"],
-            ds.uri,
-        )
-        ds.advance_latest(manifest.version)
-        try:
-            write_card(ds, manifest)
-        except Exception as err:  # the card is documentation; the version is committed
-            log.warning("could not write the dataset card: %s", err)
-
     # ------------------------------------------------------------------ writes
 
     def put_segment(self, seg: Segment) -> tuple[str, SegmentRef]:
         key, data, ref = seg.encoded()
         self.written.append(key)
-        if _put_once(self.ds, key, data, what=key):
+        if put_once(self.ds, key, data, what=key):
             self.reused[key] = data
         self.ds.cache_segment(key, seg)
         return key, ref
@@ -459,110 +380,9 @@ class _Commit:
 # --------------------------------------------------------------------------- totals and writes
 
 
-class _Counts:
-    def __init__(self, t: Totals) -> None:
-        self.shards, self.rows, self.tokens, self.bytes = t.shards, t.rows, t.tokens, t.bytes
-        self.stored_rows = t.stored_rows
-        self.by_domain, self.by_source = Counter(t.by_domain), Counter(t.by_source)
-
-    @classmethod
-    def of(cls, t: Totals) -> _Counts:
-        return cls(t)
-
-    def add_rows(self, rows, sign: int) -> None:
-        for r in rows:
-            self.rows += sign
-            self.tokens += sign * r.tokens
-            self.by_domain[r.domain] += sign
-            self.by_source[r.source] += sign
-
-    def totals(self) -> Totals:
-        return Totals(
-            shards=self.shards,
-            rows=self.rows,
-            tokens=self.tokens,
-            bytes=self.bytes,
-            stored_rows=self.stored_rows,
-            by_domain={k: v for k, v in self.by_domain.items() if v},
-            by_source={k: v for k, v in self.by_source.items() if v},
-        )
-
-
-def _totals(ds: DatasetLike, parent: Manifest | None, base: Mapping[str, ShardEntry]) -> Totals:
-    if parent is None:
-        return Totals()
-    assert parent.totals is not None, "a committed version has its totals"
-    return parent.totals
-
-
 def _base_refs(
     c: _Commit, parent: Manifest | None, carry: bool, base: Mapping[str, ShardEntry]
 ) -> list[SegmentRef]:
     if not carry or parent is None:
         return []
     return list(parent.segments)
-
-
-def publish_copy(
-    ds: DatasetLike, source: Manifest | None, version: int, record: Mapping[str, object]
-) -> Manifest:
-    """Publish `version` with the content of `source` (same shards, segments, lineage):
-    what a commit that lost its files, and `repair`, put over a version that cannot stand.
-
-    Create-only like every root; `record` says why (it becomes the root's `commit`)."""
-    if source is None or source.lineage is None:
-        raise DatasetError(
-            f"{ds.uri}: version {version - 1} cannot be replaced: no earlier version to copy"
-        )
-    created = _now()
-    totals = source.totals or Totals()
-    summary = {
-        "version": version,
-        "created_at": created,
-        "shards": totals.shards,
-        "rows": totals.rows,
-        "tokens": totals.tokens,
-        "added_shards": 0,
-        "dropped_samples": 0,
-        "removed_shards": 0,
-    }
-    manifest = replace(
-        source,
-        version=version,
-        parent_version=source.version,
-        created_at=created,
-        commit={"copy_of": source.version, **record},
-        history=tuple(source.history)[-(HISTORY_LENGTH - 1) :] + (summary,),
-    )
-    try:
-        ds.storage.put_if_absent(manifest_key(version), manifest.root_json())
-    except AlreadyExists:
-        raise CommitConflict(f"{ds.uri}: version {version} exists already") from None
-    log.warning("published version %d as a copy of version %d: %s", version, source.version, record)
-    ds.remember(manifest)
-    ds.advance_latest(version)
-    return manifest
-
-
-def _present(ds: DatasetLike, key: str) -> bool:
-    try:
-        ds.storage.info(key)  # not exists(): it may answer from a listing cache
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _put_once(ds: DatasetLike, key: str, data: bytes, *, what: str) -> bool:
-    """Create `key` with `data`; True if it was there already with these bytes (reused).
-
-    Segment keys carry their content hash and sidecar keys their shard's
-    name, so an existing file with other bytes is damage, not a retry."""
-    try:
-        ds.storage.put_if_absent(key, data)
-        return False
-    except AlreadyExists:
-        if ds.storage.read_bytes(key) != data:
-            raise DatasetError(
-                f"{ds.storage.url(key)} exists with other contents than {what}"
-            ) from None
-        return True

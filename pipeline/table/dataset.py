@@ -7,13 +7,10 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
-import secrets
-import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,42 +19,20 @@ from pipeline.shards.sidecar import RangeIndex, SampleIndex
 from pipeline.shards.writer import ShardInfo, ShardWriter
 from pipeline.storage import PreconditionFailed, Storage, open_storage
 from pipeline.table.errors import (
-    CommitConflict,
     DatasetError,
-    DuplicateSampleError,
-    ImmutableShardError,
-    LineageMismatch,
 )
 from pipeline.table.layout import (
     ERRORS_PREFIX,
     LATEST_KEY,
-    MANIFEST_FORMAT,
     MANIFEST_PREFIX,
-    MANIFEST_VERSION,
     RETIRED_PREFIX,
     manifest_key,
     parse_pointer,
     pointer_json,
     retired_key,
 )
-from pipeline.table.manifest import Lineage, Manifest, ShardEntry, manifest_from_root, parse_root
+from pipeline.table.manifest import Manifest, ShardEntry, manifest_from_root, parse_root
 from pipeline.table.segments import Segment, apply
-
-__all__ = [
-    "LATEST_KEY",
-    "MANIFEST_FORMAT",
-    "MANIFEST_VERSION",
-    "CommitConflict",
-    "Dataset",
-    "DatasetError",
-    "DuplicateSampleError",
-    "ImmutableShardError",
-    "Lineage",
-    "LineageMismatch",
-    "Manifest",
-    "ShardEntry",
-    "manifest_key",
-]
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +204,9 @@ class Dataset:
 
         def load() -> SampleIndex:
             if entry.sidecar is None:
-                raise DatasetError(f"{self.uri}: committed shard {entry.path} names no sample index")
+                raise DatasetError(
+                    f"{self.uri}: committed shard {entry.path} names no sample index"
+                )
             url = self.storage.url(entry.sidecar)
             try:
                 data = self.storage.read_bytes(entry.sidecar)
@@ -304,58 +281,21 @@ class Dataset:
         ttl_s: float | None = None,
         following: bool = False,
     ) -> str:
-        """Keep `version` from gc under `name` (pins.py); the pin's key.
+        """Keep `version` from gc under `name` (pins.py `pin_checked`); the pin's key."""
+        from pipeline.table.pins import pin_checked
 
-        The pin is written before the version's root is looked up (a fresh stat,
-        not the cache), so a gc running meanwhile either keeps the version or it
-        is gone now (`DatasetError`, the pin removed again)."""
-        from pipeline.table.pins import pin_version, unpin_version
-
-        key = pin_version(self, version, name, owner=owner, ttl_s=ttl_s, following=following)
-        try:
-            self.storage.info(manifest_key(version))
-            self.check_not_retired(version)
-        except FileNotFoundError:
-            unpin_version(self, name)
-            raise DatasetError(
-                f"{self.uri}: version {version} does not exist ({manifest_key(version)} not found)"
-            ) from None
-        except DatasetError:
-            unpin_version(self, name)
-            raise
-        self.manifest(version)
-        return key
+        return pin_checked(self, version, name, owner=owner, ttl_s=ttl_s, following=following)
 
     def unpin(self, name: str) -> None:
         from pipeline.table.pins import unpin_version
 
         unpin_version(self, name)
 
-    @contextlib.contextmanager
-    def pinned(self, version: int, kind: str) -> Iterator[str | None]:
-        """Pin `version` while the block reads it (`kind`: "export", "evaluate"); the pin's name.
+    def pinned(self, version: int, kind: str) -> contextlib.AbstractContextManager[str | None]:
+        """Pin `version` while a block reads it (pins.py `pinned`); yields the pin's name."""
+        from pipeline.table.pins import pinned
 
-        The pin expires after `pins.READER_PIN_TTL_S`, so a reader killed on the way
-        keeps nothing for ever. A store this reader may not write to (read-only
-        credentials) gets a warning and no pin."""
-        from pipeline.table.pins import READER_PIN_TTL_S
-
-        name = f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        try:
-            self.pin(version, name, owner=kind, ttl_s=READER_PIN_TTL_S)
-        except PermissionError as err:
-            log.warning(
-                "could not pin version %d of %s (%s): gc may retire it", version, self.uri, err
-            )
-            yield None
-            return
-        try:
-            yield name
-        finally:
-            try:
-                self.unpin(name)
-            except OSError as err:  # the pin expires by itself
-                log.warning("could not remove pin %s: %s", name, err)
+        return pinned(self, version, kind)
 
     def shard_url(self, entry: ShardEntry | str) -> str:
         return self.storage.url(entry if isinstance(entry, str) else entry.path)
@@ -397,27 +337,7 @@ class Dataset:
     ) -> Manifest:
         """Publish the next version: the parent's shards - `remove` + `shards`, minus `drop`.
 
-        `drop` maps a live shard's path to sample ids tombstoned in it (the rows
-        stay in the file and readers skip them). `parent_version` defaults to the
-        newest version; pass an int (or None for "the dataset must be empty") to
-        commit on top of a version you planned against. `new_lineage` starts a
-        new lineage (nothing of the parent is carried); `num_buckets` fixes a
-        new lineage's bucket space. `fence` is called just before the commit
-        point and raises if this committer may no longer publish (a lost lease);
-        `fencing` marks the empty version a writer publishes after a takeover.
-
-        A commit that changes nothing (its shards are all in the parent: a retry of
-        one that landed) returns the parent and publishes nothing.
-
-        Raises CommitConflict if the parent's successor was published meanwhile (or
-        is a fencing version, or one gc retired: numbers are never reused);
-        StaleCommit (commit.py) if a new shard was written longer ago than the
-        commit bound (retention.py), or the root landed that late and a file was gone;
-        DuplicateSampleError if the version would list a sample id twice;
-        LineageMismatch if a shard's provenance differs from the lineage's;
-        ImmutableShardError if a path in the parent would change; DatasetError
-        if a shard file is missing or its size differs from what the writer wrote.
-        """
+        What each argument means and what a commit raises: commit.py's `CommitRequest`."""
         from pipeline.table.commit import CommitRequest, commit
 
         if parent_version is _LATEST:

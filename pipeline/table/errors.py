@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.errors import PipelineError
 from pipeline.shards.errors import DatasetError
 
 __all__ = [
@@ -9,6 +10,8 @@ __all__ = [
     "DatasetError",
     "DuplicateSampleError",
     "ImmutableShardError",
+    "LeaseHeld",
+    "LeaseLost",
     "LineageMismatch",
 ]
 
@@ -27,3 +30,11 @@ class DuplicateSampleError(DatasetError):
 
 class LineageMismatch(DatasetError):
     """A commit's provenance differs from the lineage of the version it builds on."""
+
+
+class LeaseHeld(PipelineError):
+    """Another driver holds the dataset's writer lease."""
+
+
+class LeaseLost(PipelineError):
+    """This driver's lease expired or was taken over: it must not publish."""

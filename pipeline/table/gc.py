@@ -40,16 +40,16 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pipeline.shards.sidecar import SIDECAR_PREFIX
 from pipeline.shards.writer import SHARD_PREFIX
 from pipeline.storage import AlreadyExists, ObjectInfo, UploadInfo
-from pipeline.table import retention
+from pipeline.table import lease, retention
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.layout import manifest_key, retired_key
-from pipeline.table.lease import CLOCK_MARGIN_S, SESSIONS_PREFIX, live_sessions
+from pipeline.table.lease import CLOCK_MARGIN_S, SESSIONS_PREFIX, SessionRecord
 from pipeline.table.manifest import parse_root
 from pipeline.table.pins import Pin, read_pins
 from pipeline.table.segments import SEGMENT_PREFIX
@@ -58,6 +58,40 @@ log = logging.getLogger(__name__)
 
 _ROOT = re.compile(r"manifests/v(\d{6,})\.json")
 _RETIRED = re.compile(r"manifests/retired/v(\d{6,})\.json")
+
+
+@dataclass(frozen=True)
+class LiveSession:
+    """A write session gc must respect, with its start on the store's clock."""
+
+    session: str
+    owner: str
+    started_at: float  # store clock
+
+
+def live_sessions(dataset: Dataset, now: float | None = None) -> list[LiveSession]:
+    """Write sessions whose heartbeat has not lapsed, judged on the store's clock (`now`:
+    the store's time, default `storage.clock()`); gc keeps what they may commit."""
+    now = dataset.storage.clock() if now is None else now
+    out = []
+    for obj in dataset.storage.list(lease.SESSIONS_PREFIX):
+        if not obj.key.endswith(".json"):
+            continue
+        try:
+            body = json.loads(dataset.storage.read_bytes(obj.key))
+            record = SessionRecord(
+                **{f.name: body[f.name] for f in fields(SessionRecord) if f.name in body}
+            )
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
+            continue  # closed meanwhile, or not ours
+        if record.ttl_s is None:  # an older writer: its own clock is all there is
+            if time.time() < record.expires_at + lease.CLOCK_MARGIN_S:
+                out.append(LiveSession(record.session, record.owner, record.started_at))
+            continue
+        if now - obj.mtime < record.ttl_s + lease.CLOCK_MARGIN_S:
+            start = record.store_started_at if record.store_started_at is not None else obj.mtime
+            out.append(LiveSession(record.session, record.owner, start))
+    return out
 
 
 def _mb(n: int | float) -> str:

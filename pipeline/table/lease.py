@@ -10,23 +10,17 @@
   lost (it may have landed), the next one fails its precondition, reads the
   lease, and goes on with its tag if the record there is still this
   session's (`_adopt`). `close()` always tries to release what is still ours.
-* **Fencing**, twice. The client side: a commit calls `WriteSession.check()`
-  just before its commit point; it refuses (`LeaseLost`) once the lease was
-  taken over, or when less than `CLOCK_MARGIN_S` is left before the expiry
-  this holder last wrote. The store side: a taker that took over an
-  unreleased lease first publishes a *fencing version* (an empty commit on
-  the newest version), so the next version number is its own; a commit the
-  old holder had prepared before its pause is a create-only put of a number
-  that now exists, and the store refuses it (docs/RELIABILITY.md).
+* **Fencing**, twice: `WriteSession.check()` just before a commit point
+  refuses (`LeaseLost`) once the lease was taken over or is within
+  `CLOCK_MARGIN_S` of expiring; and a taker of an unreleased lease first
+  publishes an empty *fencing version*, so a commit the old holder prepared
+  before a pause is a create-only put of a taken number, which the store
+  refuses (docs/RELIABILITY.md).
 * **Sessions** (`_sessions/<id>.json`): every writing driver keeps a record,
-  rewritten by the same heartbeat. gc judges it on the store's clock alone:
-  a session is live while its record's `LastModified` is within its TTL (plus
-  the margin) of the store's time, and it started when its first record was
-  written (the record carries that store time from its second write on). gc
-  keeps every file no retained version names that appeared after the start
-  of a live session, whatever its age, and aborts unfinished uploads only
-  when no live session could own them. A writer's clock ahead or behind
-  therefore changes nothing gc decides.
+  rewritten by the same heartbeat. gc judges it on the store's clock alone
+  (`LastModified` within its TTL plus the margin) and keeps every unnamed
+  file that appeared after a live session started, so a writer's clock
+  ahead or behind changes nothing gc decides (docs/shards.md).
 """
 
 from __future__ import annotations
@@ -43,8 +37,8 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from pipeline.errors import PipelineError
 from pipeline.storage import PreconditionFailed
+from pipeline.table.errors import LeaseHeld, LeaseLost
 
 if TYPE_CHECKING:
     from pipeline.table.manifest import DatasetLike
@@ -55,14 +49,6 @@ LEASE_KEY = "_lease"
 SESSIONS_PREFIX = "_sessions/"
 DEFAULT_TTL_S = 60.0
 CLOCK_MARGIN_S = 10.0
-
-
-class LeaseHeld(PipelineError):
-    """Another driver holds the dataset's writer lease."""
-
-
-class LeaseLost(PipelineError):
-    """This driver's lease expired or was taken over: it must not publish."""
 
 
 def _iso(t: float) -> str:
@@ -121,40 +107,6 @@ class SessionRecord:
     expires_at: float
     ttl_s: float | None = None  # None: written before store-clock liveness
     store_started_at: float | None = None  # the first record's LastModified
-
-
-@dataclass(frozen=True)
-class LiveSession:
-    """A write session gc must respect, with its start on the store's clock."""
-
-    session: str
-    owner: str
-    started_at: float  # store clock
-
-
-def live_sessions(dataset: DatasetLike, now: float | None = None) -> list[LiveSession]:
-    """Write sessions whose heartbeat has not lapsed, judged on the store's clock (`now`:
-    the store's time, default `storage.clock()`); gc keeps what they may commit."""
-    now = dataset.storage.clock() if now is None else now
-    out = []
-    for obj in dataset.storage.list(SESSIONS_PREFIX):
-        if not obj.key.endswith(".json"):
-            continue
-        try:
-            body = json.loads(dataset.storage.read_bytes(obj.key))
-            record = SessionRecord(
-                **{f.name: body[f.name] for f in fields(SessionRecord) if f.name in body}
-            )
-        except (FileNotFoundError, ValueError, TypeError, KeyError):
-            continue  # closed meanwhile, or not ours
-        if record.ttl_s is None:  # an older writer: its own clock is all there is
-            if time.time() < record.expires_at + CLOCK_MARGIN_S:
-                out.append(LiveSession(record.session, record.owner, record.started_at))
-            continue
-        if now - obj.mtime < record.ttl_s + CLOCK_MARGIN_S:
-            start = record.store_started_at if record.store_started_at is not None else obj.mtime
-            out.append(LiveSession(record.session, record.owner, start))
-    return out
 
 
 class WriteSession:

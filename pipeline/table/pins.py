@@ -24,6 +24,7 @@ while it is there, and never deletes it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,11 +33,14 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.storage import AlreadyExists
+from pipeline.table.errors import DatasetError
+from pipeline.table.layout import manifest_key
 
 if TYPE_CHECKING:
     from pipeline.table.manifest import DatasetLike
@@ -90,6 +94,61 @@ def unpin_version(dataset: DatasetLike, name: str) -> None:
 
 
 @dataclass(frozen=True)
+def pin_checked(
+    dataset: DatasetLike,
+    version: int,
+    name: str,
+    *,
+    owner: str = "",
+    ttl_s: float | None = None,
+    following: bool = False,
+) -> str:
+    """Keep `version` from gc under `name`; the pin's key.
+
+    The pin is written before the version's root is looked up (a fresh stat,
+    not the cache), so a gc running meanwhile either keeps the version or it
+    is gone now (`DatasetError`, the pin removed again)."""
+    key = pin_version(dataset, version, name, owner=owner, ttl_s=ttl_s, following=following)
+    try:
+        dataset.storage.info(manifest_key(version))
+        dataset.check_not_retired(version)
+    except FileNotFoundError:
+        unpin_version(dataset, name)
+        raise DatasetError(
+            f"{dataset.uri}: version {version} does not exist ({manifest_key(version)} not found)"
+        ) from None
+    except DatasetError:
+        unpin_version(dataset, name)
+        raise
+    dataset.manifest(version)
+    return key
+
+
+@contextlib.contextmanager
+def pinned(dataset: DatasetLike, version: int, kind: str) -> Iterator[str | None]:
+    """Pin `version` while the block reads it (`kind`: "export", "evaluate"); the pin's name.
+
+    The pin expires after `READER_PIN_TTL_S`, so a reader killed on the way
+    keeps nothing for ever. A store this reader may not write to (read-only
+    credentials) gets a warning and no pin."""
+    name = f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        pin_checked(dataset, version, name, owner=kind, ttl_s=READER_PIN_TTL_S)
+    except PermissionError as err:
+        log.warning(
+            "could not pin version %d of %s (%s): gc may retire it", version, dataset.uri, err
+        )
+        yield None
+        return
+    try:
+        yield name
+    finally:
+        try:
+            unpin_version(dataset, name)
+        except OSError as err:  # the pin expires by itself
+            log.warning("could not remove pin %s: %s", name, err)
+
+
 class Pin:
     name: str
     version: int

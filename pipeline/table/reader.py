@@ -7,11 +7,8 @@ groups holding them. A background thread reads and decodes ahead into a
 bounded queue, so storage latency and zstd decoding overlap with training.
 Shards are split across `rank`/`world_size` for data-parallel training.
 
-The files are plain Parquet: `parquet_files()` gives the list to hand to
-`datasets.load_dataset("parquet", data_files=...)`, pyarrow or DuckDB (rows a
-version tombstoned are listed per shard, `ShardEntry.dropped`: skip them).
-
-Options for downstream repos:
+The files are plain Parquet: `parquet_files()` lists them for HF datasets, pyarrow
+or DuckDB (skip the rows a version tombstoned: `ShardEntry.dropped`). Options:
 
 * `version=N` pins a version: its files never change (written create-only),
   so the reader sees the same bytes after N+1 is published; `pin="name"`

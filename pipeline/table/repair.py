@@ -1,6 +1,6 @@
 """`dspark-targets repair`: rebuild `_latest` and the newest root from the versions present.
 
-The pointer and every root carry a checksum (versions.py), so a cut or
+The pointer and every root carry a checksum (layout.py), so a cut or
 edited one is refused in one line instead of read. This module is what comes
 after: it reads every root that is not retired and finds
 
@@ -26,7 +26,6 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from pipeline.storage import AlreadyExists, PreconditionFailed
-from pipeline.table.commit import publish_copy
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.layout import (
@@ -37,6 +36,7 @@ from pipeline.table.layout import (
     retired_key,
 )
 from pipeline.table.manifest import Manifest, Totals, parse_root
+from pipeline.table.publish import publish_copy
 from pipeline.table.segments import SEGMENT_PREFIX, Segment, apply
 
 _SEGMENT_NAME = re.compile(r"manifests/segments/(\d{6,})-(\d{6,})-[0-9a-f]+\.json")

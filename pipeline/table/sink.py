@@ -2,7 +2,7 @@
 
 Shaped like Ray Data's `Datasink` (on_write_start / write / on_write_complete /
 on_write_failed), but committing through the dataset's manifest protocol
-(manifest.py), which Ray Data's own Parquet sink lacks:
+(dataset.py), which Ray Data's own Parquet sink lacks:
 
 * `on_write_start()` reads the latest version and returns the units it holds;
   the caller plans against the version's sample ids (regenerate/driver/partition.py);

@@ -50,7 +50,6 @@ from s3_server import moto_endpoint, s3_uri  # noqa: F401  (fixtures)
 from shards.helpers import write_unit
 
 from pipeline.table import lease, retention
-from pipeline.table.commit import StaleCommit
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import CommitConflict, DatasetError
 from pipeline.table.export import export_dataset
@@ -58,6 +57,7 @@ from pipeline.table.gc import gc_dataset
 from pipeline.table.layout import LATEST_KEY, manifest_key
 from pipeline.table.lease import LeaseHeld, LeaseLost, WriteSession
 from pipeline.table.pins import read_pins, release_pins, version_pin
+from pipeline.table.publish import StaleCommit
 from pipeline.table.reader import ShardReader
 
 SEED = 32

@@ -9,10 +9,10 @@ import pytest
 from shards.helpers import assert_exactly_once, provenance, write_unit
 
 from pipeline.table import retention
-from pipeline.table.commit import StaleCommit
 from pipeline.table.dataset import Dataset
 from pipeline.table.gc import gc_dataset
 from pipeline.table.layout import LATEST_KEY, manifest_key
+from pipeline.table.publish import StaleCommit
 from pipeline.table.sink import DatasetSink
 
 

@@ -12,13 +12,13 @@ from shards.helpers import assert_exactly_once, write_unit
 import pipeline.table.gc as gc_module
 from pipeline.storage.s3 import S3Storage
 from pipeline.table import retention
-from pipeline.table.commit import StaleCommit
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import DatasetError
 from pipeline.table.gc import gc_dataset
 from pipeline.table.inspection import verify_dataset
 from pipeline.table.layout import LATEST_KEY, pointer_json
 from pipeline.table.lease import LeaseLost, WriteSession
+from pipeline.table.publish import StaleCommit
 from pipeline.table.reader import ShardReader
 
 

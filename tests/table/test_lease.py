@@ -11,13 +11,12 @@ from shards.helpers import assert_exactly_once, write_unit
 from pipeline.table import lease
 from pipeline.table.dataset import Dataset
 from pipeline.table.errors import CommitConflict
-from pipeline.table.gc import gc_dataset
+from pipeline.table.gc import gc_dataset, live_sessions
 from pipeline.table.lease import (
     LeaseHeld,
     LeaseLost,
     WriteSession,
     lease_holder,
-    live_sessions,
     read_lease,
 )
 

@@ -1,5 +1,5 @@
 """The shard-streaming data path: epochs without the held-out split, anchors, packing,
-resume position (validation and the split itself: tests/shards/test_split.py)."""
+resume position (validation and the split itself: tests/table/test_split.py)."""
 
 from __future__ import annotations
 
