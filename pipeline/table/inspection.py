@@ -46,6 +46,7 @@ class VersionSummary:
     num_bytes: int
     lineage: str = "-"  # lineage id
     complete: bool = False
+    retired: bool = False  # gc retired it: its root stays, its files may be gone
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class InspectReport:
                 f"  v{v.version:06d}  {v.created_at}  shards={v.num_shards} rows={v.num_rows} "
                 f"tokens={v.num_tokens} bytes={_mb(v.num_bytes)} lineage={v.lineage}"
                 + (" complete" if v.complete else "")
+                + (" retired" if v.retired else "")
             )
         raw = raw_bf16_bytes_per_token(m)
         lines += [
@@ -166,6 +168,7 @@ def inspect_dataset(
     if latest is None:
         return InspectReport(dataset.uri, None, (), None)
     summaries = []
+    retired = dataset.retired_versions()
     for v in dataset.versions():  # from the roots alone: no segment is read
         key = manifest_key(v)
         body = parse_root(dataset.storage.read_bytes(key), dataset.storage.url(key)).body
@@ -181,6 +184,7 @@ def inspect_dataset(
                 t.get("bytes", 0),
                 lineage.get("id", "-"),
                 bool(body.get("commit", {}).get("complete")),
+                v in retired,
             )
         )
     manifest = dataset.manifest(version or latest)

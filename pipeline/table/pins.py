@@ -93,7 +93,6 @@ def unpin_version(dataset: DatasetLike, name: str) -> None:
     dataset.storage.delete(f"{PINS_PREFIX}{name}.json")
 
 
-@dataclass(frozen=True)
 def pin_checked(
     dataset: DatasetLike,
     version: int,
@@ -149,6 +148,7 @@ def pinned(dataset: DatasetLike, version: int, kind: str) -> Iterator[str | None
             log.warning("could not remove pin %s: %s", name, err)
 
 
+@dataclass(frozen=True)
 class Pin:
     name: str
     version: int

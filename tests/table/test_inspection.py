@@ -141,3 +141,16 @@ def test_the_dataset_card_is_rewritten_at_each_commit(dataset):
     m = dataset.commit([], remove=[_key(dataset, "unit-c")])
     card = dataset.storage.read_bytes("README.md").decode()
     assert f"Version **{m.version}**" in card and "| samples | 6 |" in card
+
+
+def test_inspect_marks_the_versions_gc_retired(tmp_path):
+    ds = Dataset.open(tmp_path / "ds")
+    for unit in ("unit-a", "unit-b", "unit-c"):
+        ds.commit([write_unit(ds, unit, 2)[0]])
+    gc_dataset(ds.uri, keep_versions=1, min_age_s=0, unsafe_min_age=True, delete=True)
+    report = inspect_dataset(ds.uri)
+    assert [(v.version, v.retired) for v in report.versions] == [(1, True), (2, True), (3, False)]
+    text = CliRunner().invoke(cli, ["inspect", ds.uri]).output
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  v0")}
+    assert lines["v000001"].endswith(" retired") and lines["v000002"].endswith(" retired")
+    assert not lines["v000003"].endswith(" retired")
