@@ -6,8 +6,9 @@ toy target is built and cached on first use; a hub name passes through and
 is fetched by the library that loads it; a GGUF file, or a packaged one by its
 short name, is converted once into a checked bf16 directory, `targets.gguf`)
 and `target_shape` reads the facts
-the capture and the shards depend on (layers, hidden size, aux ids). The toy
-wing is imported here and only lazily, so production paths never load it.
+the capture and the shards depend on (layers, hidden size, aux ids). Which
+references need building is the scheme registry's (schemes.py): the toy wing
+plugs `toy:` in from above, so production paths never load it.
 `loader.load_target` builds a backend on the resolved model.
 """
 
@@ -19,36 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TOY_PREFIX = "toy:"
-
 
 def check_model_ref(model: str) -> None:
-    """Raise ValueError for a `toy:` name that names no toy target, or a GGUF that is not there."""
-    from pipeline.targets.gguf import gguf_file, is_gguf_ref
+    """Raise ValueError (one line) for a reference its scheme cannot resolve (schemes.py)."""
+    from pipeline.targets.schemes import scheme_of
 
-    if is_gguf_ref(model):
-        gguf_file(model)
-    if model.startswith(TOY_PREFIX):
-        from pipeline.toy.target import TOY_TARGETS
-
-        if model.removeprefix(TOY_PREFIX) not in TOY_TARGETS:
-            raise ValueError(
-                f"unknown toy target {model!r}; choose one of "
-                + ", ".join(f"{TOY_PREFIX}{n}" for n in sorted(TOY_TARGETS))
-            )
+    scheme = scheme_of(model)
+    if scheme is not None:
+        scheme.check(model)
 
 
 def resolve_model(model: str, cache_dir: Path | None = None) -> str:
-    """A path or hub name `from_pretrained` loads: a toy or GGUF target is built (or found) first."""
-    from pipeline.targets.gguf import build_gguf_target, is_gguf_ref
+    """A path or hub name `from_pretrained` loads: a scheme's target is built (or found) first."""
+    from pipeline.targets.schemes import scheme_of
 
-    if is_gguf_ref(model):
-        return str(build_gguf_target(model, cache_dir))
-    if model.startswith(TOY_PREFIX):
-        from pipeline.toy.target import build_toy_target
-
-        return str(build_toy_target(model.removeprefix(TOY_PREFIX), cache_dir))
-    return model
+    scheme = scheme_of(model)
+    return str(scheme.build(model, cache_dir)) if scheme is not None else model
 
 
 def text_config(model_dir: str, revision: str | None = None) -> Any:

@@ -1,0 +1,88 @@
+"""Model-reference schemes: how a reference that is neither a hub name nor a directory
+becomes a model directory `from_pretrained` loads.
+
+A scheme claims references (`toy:NAME`, a `.gguf` file or a packaged GGUF's
+short name), checks one (a one-line ValueError that says the fix), and
+builds its directory once. The GGUF scheme is built in. Others plug in from
+above through the `dspark_targets.model_schemes` entry point group
+(pyproject.toml): each entry names a `ModelScheme` object, loaded the first
+time a reference is resolved. Entry points are installed metadata, so a
+fresh process (a Ray actor resolving the target) finds the same schemes
+without importing anything first, and `resolve` knows no scheme by name: the
+toy wing registers `toy:` there and stays above every production package.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+
+ENTRY_POINT_GROUP = "dspark_targets.model_schemes"
+_PREFIXED = re.compile(r"[a-z][a-z0-9_-]*:(?!//)")  # `toy:tiny`, not `s3://` nor `C:\`
+
+
+@dataclass(frozen=True)
+class ModelScheme:
+    """One kind of model reference: which it claims, how it checks and builds one."""
+
+    name: str
+    claims: Callable[[str], bool]
+    check: Callable[[str], None]  # ValueError (one line) if the reference cannot resolve
+    build: Callable[[str, Path | None], Path]  # (reference, cache dir) -> model directory
+    prefix: str | None = None  # `toy:`; None for a scheme that claims by shape
+
+
+def _gguf_scheme() -> ModelScheme:
+    def claims(model: str) -> bool:
+        from pipeline.targets.gguf import is_gguf_ref
+
+        return is_gguf_ref(model)
+
+    def check(model: str) -> None:
+        from pipeline.targets.gguf import gguf_file
+
+        gguf_file(model)
+
+    def build(model: str, cache_dir: Path | None) -> Path:
+        from pipeline.targets.gguf import build_gguf_target
+
+        return build_gguf_target(model, cache_dir)
+
+    return ModelScheme("gguf", claims, check, build)
+
+
+_schemes: dict[str, ModelScheme] = {}
+
+
+def register(scheme: ModelScheme) -> None:
+    """Add a scheme (a later one of the same name replaces the earlier)."""
+    _schemes[scheme.name] = scheme
+
+
+def registered() -> list[ModelScheme]:
+    """The built-in scheme and every installed one, loaded once."""
+    if not _schemes:
+        register(_gguf_scheme())
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            scheme = entry.load()
+            if not isinstance(scheme, ModelScheme):
+                raise TypeError(f"entry point {entry.value} is not a ModelScheme")
+            _schemes.setdefault(scheme.name, scheme)
+    return list(_schemes.values())
+
+
+def scheme_of(model: str) -> ModelScheme | None:
+    """The scheme that claims `model`; None for a hub name or a directory.
+
+    ValueError (one line) for a `name:` prefix no scheme claims."""
+    schemes = registered()
+    for scheme in schemes:
+        if scheme.claims(model):
+            return scheme
+    if _PREFIXED.match(model) and not Path(model).exists():
+        known = ", ".join(s.prefix for s in schemes if s.prefix) or "none installed"
+        raise ValueError(f"unknown model scheme in {model!r} (prefixes: {known})")
+    return None
