@@ -14,6 +14,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RESULTS_JSON = BENCH / "results.json"
 RESULTS_MD = BENCH / "RESULTS.md"
+HISTORY = "\n# History\n"  # measurement history, kept by hand at the end of RESULTS.md
 
 
 def merge_results(new: dict, replace: tuple[str, ...] = (), keep: tuple[str, ...] = ()) -> dict:
@@ -31,7 +32,10 @@ def merge_results(new: dict, replace: tuple[str, ...] = (), keep: tuple[str, ...
 
 
 def write_section(tag: str, body: str) -> None:
-    """Replace (or append) the RESULTS.md section between `<!-- <tag>: begin/end -->`."""
+    """Replace (or add) the RESULTS.md section between `<!-- <tag>: begin/end -->`.
+
+    A new section goes before the closing "# History" part, which stays last.
+    """
     begin, end = f"<!-- {tag}: begin -->", f"<!-- {tag}: end -->"
     section = f"{begin}\n{body.rstrip()}\n{end}\n"
     text = RESULTS_MD.read_text() if RESULTS_MD.exists() else "# Benchmark results\n"
@@ -39,6 +43,9 @@ def write_section(tag: str, body: str) -> None:
         head, _, rest = text.partition(begin)
         _, _, tail = rest.partition(end)
         text = head + section.rstrip("\n") + tail
+    elif HISTORY in text:
+        head, _, tail = text.partition(HISTORY)
+        text = head.rstrip("\n") + "\n\n" + section + HISTORY + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS_MD.write_text(text)

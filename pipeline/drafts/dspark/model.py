@@ -15,8 +15,8 @@ DSpark adds a Markov logit-bias head `W2(W1[prev])` and a confidence head
 `sigmoid(w . [h ; W1[prev]] + b)`. Every weight starts as DeepSpec's
 reference initialises it (its `post_init`: normal, std 0.02, biases zero),
 the Markov output W2 and the confidence weights included (an earlier version
-started them at zero; measured reason for the change in docs/train.md,
-"Recipe"). speculators 0.9.0 builds these two heads after its `post_init`:
+started them at zero; docs/train.md, "Recipe", and bench/RESULTS.md,
+History). speculators 0.9.0 builds these two heads after its `post_init`:
 W1 normal(0, 0.01), W2 and the confidence head torch's default uniform init. Parameter names are vLLM's checkpoint names
 (`fc`, `hidden_norm`, `layers.{i}.self_attn.q_proj`, `markov_head.markov_w1`,
 ...), so export is a plain state-dict copy.

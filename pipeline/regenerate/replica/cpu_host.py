@@ -14,7 +14,8 @@ feeder and its pools) inherit the calling thread's mask. Where no worker is
 bound (a GPU engine, a CPU engine started with
 `VLLM_CPU_OMP_THREADS_BIND=nobind`), or the workers hold every CPU, it
 changes nothing, so a GPU config never needs this section.
-docs/capture.md ("Processes, Ray, parallelism") has what each setting measured.
+docs/capture.md ("Processes, Ray, parallelism") says why each setting is kept or
+fixed; bench/RESULTS.md has the measurements.
 
 The process tree, titles, threads and CPU times come from psutil (a
 dependency of the stack already: accelerate, vLLM), not from reading /proc

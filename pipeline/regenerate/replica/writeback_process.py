@@ -9,7 +9,7 @@ interval, and a lowered thread priority turned that into priority
 inversion. As a process, it holds no lock the engine thread wants, and the
 kernel schedules it below the engine's processes (`nice`), so it runs on the
 cycles they leave: the engine-core process spin-waits with `sched_yield`
-between steps (docs/capture.md has the measurements).
+between steps (docs/capture.md; the measurements are in bench/RESULTS.md).
 
 The engine's process never touches the captured bytes: on `bind` the backend
 hands the capture spool over (`hand_off_rows`), so its samples' rows are
