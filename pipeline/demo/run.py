@@ -59,10 +59,8 @@ def run_demo(
     from pipeline.demo.train import DEMO_STEPS, train_demo_draft
 
     trained = {
-        kind: train_demo_draft(
-            out_dir, data_uri=config.output.uri, kind=kind, serve=kind == "dspark"
-        )
-        for kind in ("dspark", "dflash")
+        kind: train_demo_draft(out_dir, data_uri=config.output.uri, kind=kind, serve=serve)
+        for kind, serve in (("dspark", True), ("dflash", False))
     }
     console.print_json(data=trained)
     log.info("trained %s", kv(steps_each=DEMO_STEPS, drafts=",".join(trained)))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.demo import CONFIG_DIR
+from pipeline.drafts.registry import draft_kind
 
 DEMO_CONFIG = CONFIG_DIR / "train-toy.yaml"
 EAGLE3_CONFIG = DEMO_CONFIG.with_name("train-toy-eagle3.yaml")
@@ -98,7 +99,8 @@ def train_demo_draft(
         "export_dir": str(result.export_dir),
         "dflash_dir": str(result.dflash_dir),
     }
-    served = result.dflash_dir if kind == "dspark" else result.export_dir
+    # A kind trained in the fill-in layout serves through its backbone's export.
+    served = result.dflash_dir if draft_kind(kind).fill_in_format else result.export_dir
     if serve and served is not None:
         from transformers import AutoTokenizer
 

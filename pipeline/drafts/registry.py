@@ -78,6 +78,12 @@ class DraftKind:
     # the target's layer count (used only if the dataset captured them all; None, or
     # not captured: every captured layer).
     default_layers: Callable[[int], tuple[int, ...]] | None = None
+    # Serving in vLLM: the speculative method is the kind's name (its export's
+    # speculators_model_type). None: any vLLM build serves it; else why this one
+    # needs a GPU (the reason a CPU serving run reports).
+    vllm_needs_gpu: str | None = None
+    # Environment the vLLM engine needs to serve this method.
+    vllm_env: Mapping[str, str] = field(default_factory=dict)
     # DraftConfig defaults of this kind, and the fields it fixes: field -> (value, why).
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
@@ -163,6 +169,9 @@ KINDS: dict[str, DraftKind] = {
             sample_from_anchor=True,
             heads=True,
             fill_in_format="dflash",
+            vllm_needs_gpu="vLLM's dspark method needs Model Runner V2 (Triton, a GPU); "
+            "on CPU serve the draft's DFlash backbone export",
+            vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},  # dspark exists only in Model Runner V2
         ),
         # The same backbone without the heads, trained with CE only.
         DraftKind(
@@ -219,6 +228,17 @@ def draft_kind(name: str) -> DraftKind:
         return KINDS[name]
     except KeyError:
         raise ValueError(f"unknown draft kind {name!r}; known: {sorted(KINDS)}") from None
+
+
+def drafts_with_heads(served: str) -> bool:
+    """Whether a draft served as method `served` drafts with its heads: a DSpark draft's
+    DFlash export is its backbone, so it drafts without them (offline too)."""
+    return draft_kind(served).heads
+
+
+def vllm_env(method: str | None) -> dict[str, str]:
+    """The environment a vLLM engine needs to serve `method` (None: no draft)."""
+    return dict(draft_kind(method).vllm_env) if method else {}
 
 
 def build_draft(

@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.drafts.registry import vllm_env
+
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
@@ -92,8 +94,8 @@ def decode(
         "gpu_memory_utilization": gpu_memory_utilization,
     }
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-    if draft_dir and method == "dspark":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # dspark exists only in Model Runner V2
+    if draft_dir:
+        env.update(vllm_env(method))
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:
         out = Path(tmp) / "result.json"
         proc = subprocess.run(

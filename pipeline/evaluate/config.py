@@ -9,11 +9,22 @@ speculators exports (see pipeline/drafts/load.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from pipeline.config import ConfigModel, load_model_yaml, parse_model
+from pipeline.drafts.registry import KINDS
+
+
+def _known_method(method: str) -> str:
+    if method not in KINDS:
+        raise ValueError(f"unknown method {method!r}; one of {sorted(KINDS)} (a draft kind)")
+    return method
+
+
+# A vLLM speculative method: a draft kind of pipeline/drafts/registry.py.
+VllmMethod = Annotated[str, AfterValidator(_known_method)]
 
 
 class EvalDataConfig(ConfigModel):
@@ -120,7 +131,7 @@ class VllmCheckConfig(ConfigModel):
     # draft is served through its DFlash export (trained in the fill-in layout).
     draft: str
     # None: the export's speculators_model_type (the only method that serves it).
-    method: Literal["dflash", "dspark", "eagle3"] | None = None
+    method: VllmMethod | None = None
     num_prompts: int = Field(8, gt=0)
     max_tokens: int = Field(160, gt=0)
     # |tau_vllm - tau_offline| / tau_offline must not exceed this.
@@ -138,7 +149,7 @@ class ServedDraft(ConfigModel):
     # None: the export's speculators_model_type. vLLM's CPU build serves dflash and
     # eagle3; dspark needs Model Runner V2 (a GPU): on a host without one that curve
     # is reported as not served, so one config runs on both.
-    method: Literal["dflash", "dspark", "eagle3"] | None = None
+    method: VllmMethod | None = None
     # None: the export's speculative_tokens.
     num_speculative_tokens: int | None = Field(None, gt=0)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.drafts.registry import drafts_with_heads
 from pipeline.evaluate.config import DraftEntry, EvalConfig
 from pipeline.logs import kv
 
@@ -387,7 +388,7 @@ def serve_drafts(
             continue
         served = json.loads((export / "config.json").read_text())["speculators_model_type"]
         # A DFlash export of a DSpark draft is its backbone: draft offline without the heads.
-        drafter = make_drafter(name, loaded[name], use_heads=served != "dflash")
+        drafter = make_drafter(name, loaded[name], use_heads=drafts_with_heads(served))
         own = draft_samples(picked, data_info, loaded[name].spec)
         rounds = walk_tables(build_tables(own, drafter), num_draft_tokens=drafter.num_draft_tokens)
         offline[name] = round(tau(accepted=rounds.accepted), 4)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.drafts.registry import vllm_env
+
 if TYPE_CHECKING:
     from pipeline.evaluate.config import ServingConfig
 
@@ -85,8 +87,7 @@ class VllmServer:
                 "num_speculative_tokens": engine.num_speculative_tokens,
             }
             args += ["--speculative-config", json.dumps(spec)]
-            if engine.method == "dspark":
-                env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # dspark exists only in Model Runner V2
+            env.update(vllm_env(engine.method))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()

@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.drafts.registry import draft_kind
 from pipeline.evaluate.server import SERVED_NAME, Engine, VllmServer
 from pipeline.logs import kv
 from pipeline.targets.resolve import eos_token_ids
@@ -70,14 +71,9 @@ def engines_for(config: ServingConfig, exports: dict[str, Path | None]) -> list[
                 f"serving.drafts: method {method!r} cannot serve {draft_dir}, a "
                 f"{exported['speculators_model_type']} export: leave its method unset"
             )
-        if method == "dspark" and not torch.cuda.is_available():
-            out.append(
-                {
-                    "name": name,
-                    "reason": "vLLM's dspark method needs Model Runner V2 (Triton, a GPU); "
-                    "on CPU serve the draft's DFlash backbone export",
-                }
-            )
+        needs_gpu = draft_kind(method).vllm_needs_gpu
+        if needs_gpu and not torch.cuda.is_available():
+            out.append({"name": name, "reason": needs_gpu})
             continue
         n = (
             entry["num_speculative_tokens"]

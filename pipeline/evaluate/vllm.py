@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.drafts.registry import drafts_with_heads
+
 if TYPE_CHECKING:
     from pipeline.drafts.drafter import Drafter
     from pipeline.drafts.load import LoadedDraft
@@ -204,7 +206,7 @@ def check_against_vllm(
             f"{draft.spec.kind} draft {config.draft!r}: leave vllm.method unset"
         )
     # A DFlash export of a DSpark draft is its backbone: draft offline without the heads too.
-    drafter = make_drafter(config.draft, draft, use_heads=method != "dflash")
+    drafter = make_drafter(config.draft, draft, use_heads=drafts_with_heads(method))
     return compare_with_vllm(
         target_dir=target_dir,
         draft_dir=draft.export_dir,

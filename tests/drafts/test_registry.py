@@ -107,3 +107,36 @@ def test_an_unknown_kind_has_no_drafter():
         make_drafter("m", draft)
     with pytest.raises(ValueError, match="speculators_model_type 'medusa' is none of"):
         spec_from_export({"speculators_model_type": "medusa"}, "there")
+
+
+def test_no_draft_kind_is_compared_as_a_string_outside_the_registry():
+    """Per-kind facts live in drafts/registry.py: nothing else asks `kind == "dspark"`."""
+    import re
+    from pathlib import Path
+
+    from pipeline.drafts.registry import KINDS
+
+    names = "|".join(map(re.escape, KINDS))
+    literal = rf"[\"'](?:{names})[\"']"
+    compare = re.compile(
+        rf"(?:[!=]=|\bis(?: not)?)\s*{literal}|{literal}\s*(?:[!=]=)|\bin\s*[(\[{{]\s*{literal}"
+    )
+    pipeline = Path(__file__).resolve().parents[2] / "pipeline"
+    found = [
+        f"{path.relative_to(pipeline)}:{n}: {line.strip()}"
+        for path in sorted(pipeline.rglob("*.py"))
+        if path.name != "registry.py" or path.parent.name != "drafts"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if compare.search(line)
+    ]
+    assert found == []
+    assert compare.search('if method == "dspark":') and compare.search("x in ('dflash', 'y')")
+
+
+def test_serving_facts_come_from_the_registry():
+    from pipeline.drafts.registry import drafts_with_heads, vllm_env
+
+    assert vllm_env("dspark") == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert vllm_env("dflash") == {} and vllm_env(None) == {}
+    assert drafts_with_heads("dspark") and not drafts_with_heads("dflash")
+    assert KINDS["dspark"].vllm_needs_gpu and KINDS["eagle3"].vllm_needs_gpu is None
