@@ -20,36 +20,6 @@ from pipeline.regenerate.replica.cpu_host import CpuHostConfig
 from pipeline.regenerate.replica.writeback import WritebackConfig
 from pipeline.targets.config import GenerationConfig, TargetConfig
 
-# Keys that moved or went, and where to look instead (an old config fails with this line).
-MOVED_KEYS = {
-    "regenerate": {
-        "batch_size": "batch_size was removed: replicas feed their engine continuously; "
-        "set max_requests_in_flight (or leave it unset for the engine's own concurrency)",
-        "num_encode_workers": "moved to regenerate.writeback.num_encode_workers",
-        "num_write_workers": "moved to regenerate.writeback.num_write_workers",
-        "spill_dir": "moved to regenerate.writeback.spill_dir",
-        "writeback_nice": "moved to regenerate.writeback.nice",
-        "gil_switch_interval_ms": "moved to cpu_host.gil_switch_interval_ms",
-        "isolate_engine_cpus": "moved to cpu_host.isolate_engine_cpus",
-        "engine_core_cpus": "was removed: vLLM's engine core always runs on the model "
-        "workers' CPUs (cpu_host.isolate_engine_cpus; bench/RESULTS.md, engine_core A/B)",
-        "writeback_cpus": "was removed: the write-back process always runs on the host "
-        "CPUs (cpu_host.isolate_engine_cpus; docs/capture.md)",
-    },
-    "replicas": {
-        "nice": "was removed: a replica always runs at nice 0, not Ray's worker default "
-        "15 (docs/capture.md, 'Priority')",
-    },
-}
-
-
-def _refuse_moved(section: str, data: Any) -> Any:
-    if isinstance(data, dict):
-        for key, why in MOVED_KEYS[section].items():
-            if key in data:
-                raise ValueError(why if why.startswith(key) else f"{section}.{key} {why}")
-    return data
-
 
 class PlacementConfig(ConfigModel):
     """How one replica that spans several GPUs or nodes is placed.
@@ -86,11 +56,6 @@ class ReplicaConfig(ConfigModel):
     # the run stops with a named error (a replica that cannot get its
     # resources, or an engine stuck loading, never hangs the job silently).
     start_timeout_s: float = Field(1800.0, gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        return _refuse_moved("replicas", data)
 
     @model_validator(mode="after")
     def _one_domain_per_replica(self) -> ReplicaConfig:
@@ -166,16 +131,6 @@ class RegenerateConfig(ConfigModel):
     replica_stall_timeout_s: float = Field(600.0, gt=0)
     # A prompt must leave at least this many tokens of context for the answer.
     min_answer_tokens: int = Field(8, gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("writeback"), str):
-            raise ValueError(
-                f"regenerate.writeback is a section now: write `writeback: "
-                f"{{mode: {data['writeback']}}}`"
-            )
-        return _refuse_moved("regenerate", data)
 
     @property
     def spill_above_bytes(self) -> int:

@@ -123,24 +123,11 @@ def test_dotted_overrides(tmp_path):
     assert config.replicas.num_replicas == 3
 
 
-@pytest.mark.parametrize(
-    ("old", "says"),
-    [
-        ("regenerate: {num_encode_workers: 4}", "regenerate.writeback.num_encode_workers"),
-        ("regenerate: {spill_dir: /tmp/s}", "regenerate.writeback.spill_dir"),
-        ("regenerate: {writeback_nice: 3}", "regenerate.writeback.nice"),
-        ("regenerate: {writeback: threads}", "writeback: {mode: threads}"),
-        ("regenerate: {gil_switch_interval_ms: 1}", "cpu_host.gil_switch_interval_ms"),
-        ("regenerate: {isolate_engine_cpus: false}", "cpu_host.isolate_engine_cpus"),
-        ("regenerate: {engine_core_cpus: host}", "engine_core_cpus was removed"),
-        ("regenerate: {writeback_cpus: all}", "writeback_cpus was removed"),
-        ("replicas: {nice: 15}", "replicas.nice was removed"),
-    ],
-)
-def test_a_moved_key_names_its_new_place_in_one_line(tmp_path, old, says):
+def test_a_key_no_section_has_is_one_line_naming_it(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_config(_write(tmp_path, MINIMAL + old + "\n"))
-    assert says in str(err.value)
+        load_config(_write(tmp_path, MINIMAL + "regenerate: {num_encode_workers: 4}\n"))
+    assert "regenerate.num_encode_workers" in str(err.value)
+    assert len(str(err.value).splitlines()) <= 2
 
 
 def test_cpu_host_and_writeback_sections_default_and_load(tmp_path):
