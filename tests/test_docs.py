@@ -5,7 +5,8 @@ repository, and an anchor must name a heading of the page it points to; so must
 every `docs/<page>.md#anchor` pointer in code, configs and manifests. No tracked file
 (docs, code, benches, tests, README, Makefile) cites a page or folder outside the
 repository, and every docs/ page stays under MAX_DOC_LINES lines: it describes how the
-system works now, and measurement history goes to bench/RESULTS.md.
+system works now, and measurement history goes to bench/RESULTS.md; nor does any
+tracked file but bench/RESULTS.md date a statement by the work step that made it.
 """
 
 from __future__ import annotations
@@ -146,3 +147,19 @@ def test_every_doc_page_is_under_the_line_limit():
         if (n := len(p.read_text().splitlines())) >= MAX_DOC_LINES
     ]
     assert long == [], f"split or trim these pages (history goes to bench/RESULTS.md): {long}"
+
+
+# A work step's number ("stop" and a number) says when something changed, not what the system does.
+WORK_STEP = re.compile(r"\b[Ss]tops? [0-9]")
+
+
+def test_no_tracked_file_dates_its_statements_by_work_step():
+    # bench/RESULTS.md is exempt: its sections are rewritten by the benches and its
+    # History part records figures as measured at the time.
+    dated = [
+        f"{name}: {m.group(0)!r}"
+        for name in tracked_files()
+        if name != "bench/RESULTS.md"
+        for m in WORK_STEP.finditer(tracked_text(name))
+    ]
+    assert dated == []
