@@ -106,6 +106,22 @@ def test_a_bad_input_is_one_line_and_exit_nonzero(args, expected):
     assert seconds < 30
 
 
+@pytest.mark.parametrize(
+    "ref,expected",
+    [
+        ("foo:bar", "unknown model scheme in 'foo:bar' (prefixes: toy:)"),
+        ("toy:nope", "unknown toy target 'toy:nope'; choose one of toy:"),
+    ],
+)
+def test_an_unknown_model_reference_is_one_problem_of_the_config(ref, expected):
+    """`target.model` is checked by the scheme that claims it (the toy wing's, installed)."""
+    code, stderr, _ = run("plan", "--config", TOY, "--set", f"target.model={ref}")
+    assert code != 0 and "Traceback" not in stderr
+    assert stderr.startswith(f"error: {TOY}: invalid config (1 problem(s))"), stderr
+    [line] = [line for line in stderr.splitlines() if expected in line]
+    assert line.lstrip().startswith("target.model: ")
+
+
 def test_an_unreachable_s3_endpoint_fails_within_seconds_naming_it_and_the_tries():
     port = free_loopback_port()
     env = s3_env(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")

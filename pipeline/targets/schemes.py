@@ -6,10 +6,19 @@ short name), checks one (a one-line ValueError that says the fix), and
 builds its directory once. The GGUF scheme is built in. Others plug in from
 above through the `dspark_targets.model_schemes` entry point group
 (pyproject.toml): each entry names a `ModelScheme` object, loaded the first
-time a reference is resolved. Entry points are installed metadata, so a
-fresh process (a Ray actor resolving the target) finds the same schemes
-without importing anything first, and `resolve` knows no scheme by name: the
+time a reference is looked up. So `resolve` knows no scheme by name, and the
 toy wing registers `toy:` there and stays above every production package.
+
+Why an entry point and not a registration when the toy wing is imported:
+whatever resolves a reference must see the same schemes in every process.
+A Ray actor unpickles its config and resolves the target in a fresh process
+that never imported the demo or the CLI; installed metadata is the one thing
+every process of the package reads without importing anything first. An
+import-time registration would resolve `toy:` in the driver and then fail in
+the actors of the same run; with the entry point, a checkout that was never
+installed (no metadata) refuses `toy:` at once, in the driver's config check,
+with a line that says so. `register` remains for a scheme a program (or a
+test) adds to its own process.
 """
 
 from __future__ import annotations
@@ -55,23 +64,36 @@ def _gguf_scheme() -> ModelScheme:
 
 
 _schemes: dict[str, ModelScheme] = {}
+_installed: dict[str, ModelScheme] = {}  # the built-in one and the entry points', loaded once
 
 
-def register(scheme: ModelScheme) -> None:
-    """Add a scheme (a later one of the same name replaces the earlier)."""
-    _schemes[scheme.name] = scheme
-
-
-def registered() -> list[ModelScheme]:
-    """The built-in scheme and every installed one, loaded once."""
-    if not _schemes:
-        register(_gguf_scheme())
+def _load_installed() -> dict[str, ModelScheme]:
+    if not _installed:
+        found = {"gguf": _gguf_scheme()}
         for entry in entry_points(group=ENTRY_POINT_GROUP):
             scheme = entry.load()
             if not isinstance(scheme, ModelScheme):
                 raise TypeError(f"entry point {entry.value} is not a ModelScheme")
-            _schemes.setdefault(scheme.name, scheme)
-    return list(_schemes.values())
+            found.setdefault(scheme.name, scheme)
+        _installed.update(found)
+    return _installed
+
+
+def register(scheme: ModelScheme) -> None:
+    """Add a scheme to this process (it replaces an installed one of the same name)."""
+    _schemes[scheme.name] = scheme
+
+
+def unregister(name: str) -> None:
+    """Drop a scheme `register` added (an installed one stays)."""
+    _schemes.pop(name, None)
+
+
+def registered() -> list[ModelScheme]:
+    """The built-in scheme, every installed one, then those this process registered (a
+    registration before the first look-up hides none of the installed ones)."""
+    merged = {**_load_installed(), **_schemes}
+    return list(merged.values())
 
 
 def scheme_of(model: str) -> ModelScheme | None:
@@ -83,6 +105,14 @@ def scheme_of(model: str) -> ModelScheme | None:
         if scheme.claims(model):
             return scheme
     if _PREFIXED.match(model) and not Path(model).exists():
-        known = ", ".join(s.prefix for s in schemes if s.prefix) or "none installed"
-        raise ValueError(f"unknown model scheme in {model!r} (prefixes: {known})")
+        known = ", ".join(s.prefix for s in schemes if s.prefix)
+        raise ValueError(
+            f"unknown model scheme in {model!r} "
+            + (
+                f"(prefixes: {known})"
+                if known
+                else f"(no prefix installed: install the package, whose {ENTRY_POINT_GROUP} "
+                "entry points register them, e.g. `pip install -e .`)"
+            )
+        )
     return None

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.targets import schemes
 from pipeline.targets.resolve import check_model_ref, resolve_model
-from pipeline.targets.schemes import ModelScheme, register, registered, scheme_of
+from pipeline.targets.schemes import ModelScheme, register, registered, scheme_of, unregister
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,19 +47,51 @@ def test_a_fresh_process_resolves_toy_references_without_importing_the_toy_first
     assert out.stdout.strip() == "toy"
 
 
-def test_a_registered_scheme_claims_its_references(tmp_path):
-    built = tmp_path / "model"
-    scheme = ModelScheme(
+def _test_scheme(built: Path) -> ModelScheme:
+    return ModelScheme(
         "test-only",
         claims=lambda m: m.startswith("testonly:"),
         check=lambda m: None,
         build=lambda m, cache: built,
         prefix="testonly:",
     )
-    register(scheme)
-    try:
-        assert resolve_model("testonly:x") == str(built)
-    finally:
-        from pipeline.targets import schemes
 
-        schemes._schemes.pop("test-only")
+
+def test_a_registered_scheme_claims_its_references(tmp_path):
+    register(_test_scheme(tmp_path / "model"))
+    try:
+        assert resolve_model("testonly:x") == str(tmp_path / "model")
+        assert "testonly:" in str(pytest.raises(ValueError, check_model_ref, "foo:bar").value)
+    finally:
+        unregister("test-only")
+    assert scheme_of("toy:random").name == "toy"  # the installed ones stay
+
+
+def test_a_registration_before_the_first_look_up_hides_no_installed_scheme():
+    """A program that registers its own scheme first still resolves `toy:` and GGUF."""
+    code = (
+        "from pathlib import Path\n"
+        "from pipeline.targets.schemes import ModelScheme, register, registered\n"
+        "register(ModelScheme('mine', lambda m: m.startswith('mine:'), print, "
+        "lambda m, c: Path(m), 'mine:'))\n"
+        "print(' '.join(s.name for s in registered()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["gguf", "toy", "mine"]
+
+
+def test_without_installed_metadata_a_toy_reference_says_to_install(monkeypatch):
+    """A checkout that was never installed has no entry points: `toy:` is refused in one
+    line that says why, in the driver, rather than resolving there and failing in actors."""
+    monkeypatch.setattr(schemes, "entry_points", lambda group: [])
+    monkeypatch.setattr(schemes, "_installed", {})
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown model scheme in 'toy:tiny' \(no prefix "
+        r"installed: install the package",
+    ) as raised:
+        check_model_ref("toy:tiny")
+    assert "\n" not in str(raised.value)
+    assert scheme_of("model.gguf").name == "gguf"  # the built-in door needs no metadata
