@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.drafts.checkpoint import load_checkpoint
-from pipeline.drafts.registry import KINDS, draft_kind
+from pipeline.drafts.registry import draft_kind, format_kind
 from pipeline.drafts.spec import DraftSpec
 from pipeline.drafts.speculators import common_spec_fields
 
@@ -169,20 +169,10 @@ def is_export(path: str | Path) -> bool:
     return (Path(path) / CONFIG).exists() and (Path(path) / WEIGHTS).exists()
 
 
-def _format_kind(config: dict, where: str):
-    """The kind whose format wrote `config` (its `speculators_model_type`)."""
-    model_type = config["speculators_model_type"]
-    if model_type not in KINDS:
-        raise ValueError(
-            f"{where}: speculators_model_type {model_type!r} is none of {sorted(KINDS)}"
-        )
-    return KINDS[model_type]
-
-
 def spec_from_export(config: dict, where: str) -> DraftSpec:
     """Rebuild the DraftSpec of a speculators-format export from its config.json."""
     try:
-        fmt = _format_kind(config, where).format
+        fmt = format_kind(config, where).format
         return DraftSpec(**common_spec_fields(config), **fmt.spec_fields(config))
     except (KeyError, IndexError) as err:
         raise ValueError(

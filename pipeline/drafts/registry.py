@@ -4,8 +4,11 @@ Every place that would ask `if kind == ...` asks this table instead: the
 training config (defaults and the fields a kind fixes), spec resolution (the
 heads), the trainer (model class, loss weights, slot weights, mask token),
 the export (the speculators format each kind writes and reads, and which
-format a kind's layout exports as) and the evaluator (the drafter). A new
-kind is one entry here and its folder (model, export format, drafter).
+format a kind's layout exports as), the evaluator (the drafter) and serving
+in vLLM (the speculative method, whether vLLM's CPU build serves it, the
+engine's environment, whether a served export drafts with the heads). A new
+kind is one entry here and its folder (model, export format, drafter);
+tests/drafts/test_registry.py fails on a kind name compared anywhere else.
 
 No torch at import: the training config reads this table, and the CLI must
 start fast. Model classes, weight functions and drafters are imported when
@@ -78,9 +81,8 @@ class DraftKind:
     # the target's layer count (used only if the dataset captured them all; None, or
     # not captured: every captured layer).
     default_layers: Callable[[int], tuple[int, ...]] | None = None
-    # Serving in vLLM: the speculative method is the kind's name (its export's
-    # speculators_model_type). None: any vLLM build serves it; else why this one
-    # needs a GPU (the reason a CPU serving run reports).
+    # Serving in vLLM (the method: `vllm_method`). None: vLLM's CPU build serves it
+    # whole; else why this method needs a GPU (the reason a CPU serving run reports).
     vllm_needs_gpu: str | None = None
     # Environment the vLLM engine needs to serve this method.
     vllm_env: Mapping[str, str] = field(default_factory=dict)
@@ -92,6 +94,12 @@ class DraftKind:
     def export_format(self) -> str:
         """The speculators format a draft of this kind exports as: its own name."""
         return self.name
+
+    @property
+    def vllm_method(self) -> str:
+        """vLLM's speculative method (`--speculative-config`'s `method`) that serves this
+        kind's format: its name, the export's `speculators_model_type`."""
+        return self.export_format
 
     def build(
         self,
@@ -222,6 +230,14 @@ KINDS: dict[str, DraftKind] = {
 }
 
 
+# DraftConfig.kind of a config that names none.
+DEFAULT_KIND = "dspark"
+
+# The speculative methods vLLM serves the kinds' exports with (the evaluation config's
+# `method` keys take one of these).
+VLLM_METHODS: dict[str, DraftKind] = {kind.vllm_method: kind for kind in KINDS.values()}
+
+
 def draft_kind(name: str) -> DraftKind:
     """The registry entry of `name`; ValueError naming the known kinds otherwise."""
     try:
@@ -230,15 +246,42 @@ def draft_kind(name: str) -> DraftKind:
         raise ValueError(f"unknown draft kind {name!r}; known: {sorted(KINDS)}") from None
 
 
+def serving_kind(method: str) -> DraftKind:
+    """The kind whose exports vLLM serves as `method`; ValueError naming the methods."""
+    try:
+        return VLLM_METHODS[method]
+    except KeyError:
+        raise ValueError(
+            f"unknown vLLM speculative method {method!r}; one of {sorted(VLLM_METHODS)}"
+        ) from None
+
+
+def format_kind(config: dict, where: str) -> DraftKind:
+    """The kind whose format wrote an export's config.json (its `speculators_model_type`)."""
+    model_type = config.get("speculators_model_type")
+    if model_type is None:
+        raise ValueError(f"{where}: no speculators_model_type; is this a dspark-targets export?")
+    if model_type not in KINDS:
+        raise ValueError(
+            f"{where}: speculators_model_type {model_type!r} is none of {sorted(KINDS)}"
+        )
+    return KINDS[model_type]
+
+
+def served_method(config: dict, where: str) -> str:
+    """The vLLM speculative method that serves the export whose config.json is `config`."""
+    return format_kind(config, where).vllm_method
+
+
 def drafts_with_heads(served: str) -> bool:
     """Whether a draft served as method `served` drafts with its heads: a DSpark draft's
     DFlash export is its backbone, so it drafts without them (offline too)."""
-    return draft_kind(served).heads
+    return serving_kind(served).heads
 
 
 def vllm_env(method: str | None) -> dict[str, str]:
     """The environment a vLLM engine needs to serve `method` (None: no draft)."""
-    return dict(draft_kind(method).vllm_env) if method else {}
+    return dict(serving_kind(method).vllm_env) if method else {}
 
 
 def build_draft(

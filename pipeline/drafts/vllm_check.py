@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.drafts.registry import vllm_env
+from pipeline.drafts.registry import served_method, vllm_env
 
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -68,20 +68,29 @@ class SpecCheck:
         }
 
 
+def export_method(draft_dir: str | Path) -> str:
+    """The vLLM speculative method that serves the export in `draft_dir` (its format's)."""
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    return served_method(config, str(draft_dir))
+
+
 def decode(
     target_dir: str | Path,
     prompts: list[list[int]],
     *,
     max_tokens: int,
     draft_dir: str | Path | None = None,
-    method: str = "dflash",
+    method: str | None = None,
     num_speculative_tokens: int | None = None,
     dtype: str = "float32",
     max_model_len: int = 1024,
     gpu_memory_utilization: float = 0.2,
     timeout_s: float = 600,
 ) -> DecodeRun:
-    """One engine in a child process; greedy decoding of `prompts`."""
+    """One engine in a child process; greedy decoding of `prompts` (with the draft in
+    `draft_dir`, served as `method`, None: the method of its export's format)."""
+    if draft_dir and method is None:
+        method = export_method(draft_dir)
     request = {
         "target_dir": str(target_dir),
         "prompts": prompts,
@@ -127,7 +136,7 @@ def speculative_check(
 ) -> SpecCheck:
     """Plain vs speculative greedy decoding of the same prompts (see module docstring)."""
     config = json.loads((Path(draft_dir) / "config.json").read_text())
-    method = method or config["speculators_model_type"]
+    method = method or export_method(draft_dir)
     n = (
         num_speculative_tokens
         or config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]

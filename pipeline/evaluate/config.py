@@ -14,16 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from pipeline.config import ConfigModel, load_model_yaml, parse_model
-from pipeline.drafts.registry import KINDS
+from pipeline.drafts.registry import serving_kind
 
 
 def _known_method(method: str) -> str:
-    if method not in KINDS:
-        raise ValueError(f"unknown method {method!r}; one of {sorted(KINDS)} (a draft kind)")
+    serving_kind(method)
     return method
 
 
-# A vLLM speculative method: a draft kind of pipeline/drafts/registry.py.
+# A vLLM speculative method that serves a draft kind of pipeline/drafts/registry.py.
 VllmMethod = Annotated[str, AfterValidator(_known_method)]
 
 

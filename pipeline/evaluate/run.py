@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.drafts.registry import drafts_with_heads
+from pipeline.drafts.registry import drafts_with_heads, served_method
 from pipeline.evaluate.config import DraftEntry, EvalConfig
 from pipeline.logs import kv
 
@@ -386,7 +386,7 @@ def serve_drafts(
     for name, export in exports.items():
         if export is None:
             continue
-        served = json.loads((export / "config.json").read_text())["speculators_model_type"]
+        served = served_method(json.loads((export / "config.json").read_text()), str(export))
         # A DFlash export of a DSpark draft is its backbone: draft offline without the heads.
         drafter = make_drafter(name, loaded[name], use_heads=drafts_with_heads(served))
         own = draft_samples(picked, data_info, loaded[name].spec)

@@ -47,6 +47,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_command(
+    target_dir: str, engine: Engine, config: ServingConfig, *, port: int, memory: float | None
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the server for `engine`: the draft's method and the
+    environment that method needs come from the draft registry."""
+    args = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(target_dir),
+        "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--seed", "0",
+    ]  # fmt: skip
+    if memory is not None:
+        args += ["--gpu-memory-utilization", str(memory)]
+    if config.enforce_eager:
+        args.append("--enforce-eager")
+    for key, value in config.engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is not False:
+            args += [flag, str(value)]
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    if engine.draft_dir is not None:
+        spec = {
+            "model": str(engine.draft_dir),
+            "method": engine.method,
+            "num_speculative_tokens": engine.num_speculative_tokens,
+        }
+        args += ["--speculative-config", json.dumps(spec)]
+        env.update(vllm_env(engine.method))
+    return args, env
+
+
 class VllmServer:
     """vLLM's OpenAI-compatible server in a child process (its own session, so that
     stopping it ends its engine-core processes too)."""
@@ -59,35 +96,7 @@ class VllmServer:
         memory = config.gpu_memory_utilization or (
             None if torch.cuda.is_available() else CPU_MEMORY_SHARE
         )
-        args = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(target_dir),
-            "--served-model-name", SERVED_NAME,
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--dtype", config.dtype,
-            "--max-model-len", str(config.max_model_len),
-            "--seed", "0",
-        ]  # fmt: skip
-        if memory is not None:
-            args += ["--gpu-memory-utilization", str(memory)]
-        if config.enforce_eager:
-            args.append("--enforce-eager")
-        for key, value in config.engine_args.items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                args.append(flag)
-            elif value is not False:
-                args += [flag, str(value)]
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-        if engine.draft_dir is not None:
-            spec = {
-                "model": str(engine.draft_dir),
-                "method": engine.method,
-                "num_speculative_tokens": engine.num_speculative_tokens,
-            }
-            args += ["--speculative-config", json.dumps(spec)]
-            env.update(vllm_env(engine.method))
+        args, env = server_command(target_dir, engine, config, port=self.port, memory=memory)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()

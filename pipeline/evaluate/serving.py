@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.drafts.registry import draft_kind
+from pipeline.drafts.registry import served_method, serving_kind
 from pipeline.evaluate.server import SERVED_NAME, Engine, VllmServer
 from pipeline.logs import kv
 from pipeline.targets.resolve import eos_token_ids
@@ -65,13 +65,14 @@ def engines_for(config: ServingConfig, exports: dict[str, Path | None]) -> list[
         if draft_dir is None:
             raise ValueError(f"serving.drafts: {name!r} has no export directory to serve")
         exported = json.loads((Path(draft_dir) / "config.json").read_text())
-        method = entry["method"] or exported["speculators_model_type"]
-        if method != exported["speculators_model_type"]:
+        served = served_method(exported, str(draft_dir))
+        method = entry["method"] or served
+        if method != served:
             raise ValueError(
                 f"serving.drafts: method {method!r} cannot serve {draft_dir}, a "
                 f"{exported['speculators_model_type']} export: leave its method unset"
             )
-        needs_gpu = draft_kind(method).vllm_needs_gpu
+        needs_gpu = serving_kind(method).vllm_needs_gpu
         if needs_gpu and not torch.cuda.is_available():
             out.append({"name": name, "reason": needs_gpu})
             continue

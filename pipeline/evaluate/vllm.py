@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.drafts.registry import drafts_with_heads
+from pipeline.drafts.registry import drafts_with_heads, served_method
 
 if TYPE_CHECKING:
     from pipeline.drafts.drafter import Drafter
@@ -134,7 +134,7 @@ def compare_with_vllm(
     draft_dir: Path,
     drafter: Drafter,
     prompts: list[list[int]],
-    method: str = "dflash",
+    method: str | None = None,
     max_tokens: int = 160,
     tolerance: float = 0.03,
     gpu_memory_utilization: float = 0.2,
@@ -146,9 +146,10 @@ def compare_with_vllm(
 
     import torch
 
-    from pipeline.drafts.vllm_check import decode
+    from pipeline.drafts.vllm_check import decode, export_method
     from pipeline.evaluate.offline import build_tables, tau, walk_tables
 
+    method = method or export_method(draft_dir)
     started = time.perf_counter()
     n = drafter.num_draft_tokens
     run = decode(
@@ -198,11 +199,13 @@ def check_against_vllm(
 
     if draft.export_dir is None:
         raise ValueError(f"vllm.draft {config.draft!r} has no export directory to serve")
-    served = json.loads((draft.export_dir / "config.json").read_text())["speculators_model_type"]
+    exported = json.loads((draft.export_dir / "config.json").read_text())
+    served = served_method(exported, str(draft.export_dir))
     method = config.method or served
     if method != served:
         raise ValueError(
-            f"vllm.method {method!r} cannot serve {draft.export_dir}, a {served} export of the "
+            f"vllm.method {method!r} cannot serve {draft.export_dir}, a "
+            f"{exported['speculators_model_type']} export of the "
             f"{draft.spec.kind} draft {config.draft!r}: leave vllm.method unset"
         )
     # A DFlash export of a DSpark draft is its backbone: draft offline without the heads too.

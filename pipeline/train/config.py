@@ -20,7 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.config import ConfigModel, dump_yaml, load_model_yaml, parse_model
 from pipeline.drafts.family import embed_scale_of, language_config, logit_softcap_of, rope_of
-from pipeline.drafts.registry import KINDS, draft_kind
+from pipeline.drafts.registry import DEFAULT_KIND, KINDS, draft_kind
 from pipeline.drafts.spec import DraftSpec
 
 
@@ -32,7 +32,7 @@ class DraftConfig(ConfigModel):
     # without the heads, trained with CE only. eagle3: the EAGLE-3 baseline
     # (pipeline/drafts/eagle3/model.py): one layer, the training-time test
     # unrolled block_size steps (default 1 layer, 7 steps).
-    kind: str = "dspark"
+    kind: str = DEFAULT_KIND
     num_layers: int = Field(5, gt=0)
     # Query slots per block: [anchor, MASK x (block_size - 1)]. eagle3: the
     # number of unrolled draft steps (vLLM's num_speculative_tokens).
@@ -72,7 +72,7 @@ class DraftConfig(ConfigModel):
     @classmethod
     def _kind_defaults(cls, data: Any) -> Any:
         # e.g. EAGLE-3: one layer, 7 unrolled steps unless the config says otherwise.
-        if isinstance(data, dict) and (kind := KINDS.get(data.get("kind", "dspark"))):
+        if isinstance(data, dict) and (kind := KINDS.get(data.get("kind", DEFAULT_KIND))):
             data = {**kind.config_defaults, **data}
         return data
 

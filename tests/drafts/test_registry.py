@@ -4,6 +4,8 @@ and fixed fields reach DraftConfig, and an unknown kind is named."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,16 @@ from draft_specs import tiny_spec
 from pipeline.config import ConfigError
 from pipeline.drafts.export import spec_from_export, speculators_config
 from pipeline.drafts.load import LoadedDraft, make_drafter
-from pipeline.drafts.registry import KINDS, build_draft, draft_kind
+from pipeline.drafts.registry import (
+    DEFAULT_KIND,
+    KINDS,
+    build_draft,
+    draft_kind,
+    drafts_with_heads,
+    served_method,
+    serving_kind,
+    vllm_env,
+)
 from pipeline.train.config import parse_train_config
 
 BASE = dict(target="t", data=dict(uri="x"), out_dir="o", num_steps=1, global_batch_size=1)
@@ -109,34 +120,97 @@ def test_an_unknown_kind_has_no_drafter():
         spec_from_export({"speculators_model_type": "medusa"}, "there")
 
 
+def _kind_comparisons() -> re.Pattern:
+    """A line that compares something with a kind's name: `== "dspark"`, `"dflash" !=`,
+    `is "eagle3"`, `in ("x", "dflash")`, `case "dspark":`, `.startswith("eagle")`
+    (`for ... in` iterates, it does not compare: `_compares_a_kind` drops it)."""
+    names = "|".join(map(re.escape, KINDS))
+    stems = "|".join(sorted({re.escape(k.rstrip("0123456789")) for k in KINDS}))
+    literal = rf"[\"'](?:{names})[\"']"
+    return re.compile(
+        rf"(?:[!=]=|\bis(?: not)?)\s*{literal}|{literal}\s*[!=]="
+        rf"|\b(?:not )?in\s*[(\[{{][^)\]}}]*{literal}|\bcase\s+{literal}"
+        rf"|\.(?:starts|ends)with\(\s*\(?\s*[\"'](?:{stems})"
+    )
+
+
+def _compares_a_kind(line: str) -> bool:
+    return bool(_kind_comparisons().search(re.sub(r"\bfor\b.*?\bin\b", "for", line)))
+
+
 def test_no_draft_kind_is_compared_as_a_string_outside_the_registry():
     """Per-kind facts live in drafts/registry.py: nothing else asks `kind == "dspark"`."""
-    import re
-    from pathlib import Path
-
-    from pipeline.drafts.registry import KINDS
-
-    names = "|".join(map(re.escape, KINDS))
-    literal = rf"[\"'](?:{names})[\"']"
-    compare = re.compile(
-        rf"(?:[!=]=|\bis(?: not)?)\s*{literal}|{literal}\s*(?:[!=]=)|\bin\s*[(\[{{]\s*{literal}"
-    )
     pipeline = Path(__file__).resolve().parents[2] / "pipeline"
+    registry = pipeline / "drafts" / "registry.py"
     found = [
         f"{path.relative_to(pipeline)}:{n}: {line.strip()}"
         for path in sorted(pipeline.rglob("*.py"))
-        if path.name != "registry.py" or path.parent.name != "drafts"
+        if path != registry
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if compare.search(line)
+        if _compares_a_kind(line)
     ]
-    assert found == []
-    assert compare.search('if method == "dspark":') and compare.search("x in ('dflash', 'y')")
+    assert len(list(pipeline.rglob("*.py"))) > 100 and found == []
+
+
+@pytest.mark.parametrize(
+    "line,compares",
+    [
+        ('if method == "dspark":', True),
+        ("if 'dflash' != served:", True),
+        ("x in ('dflash', 'y')", True),
+        ('use_heads = kind not in ["x", "eagle3"]', True),
+        ('    case "dspark":', True),
+        ('if name.startswith("eagle"):', True),
+        ('engine.method is "dflash"', True),
+        ("served = draft_kind(kind).fill_in_format", False),
+        ('DEMO = {"dspark": (CONFIG, "train")}', False),
+        ("# a dspark draft == its backbone plus heads", False),
+    ],
+)
+def test_the_kind_comparison_grep_sees_every_form(line, compares):
+    assert _compares_a_kind(line) == compares
 
 
 def test_serving_facts_come_from_the_registry():
-    from pipeline.drafts.registry import drafts_with_heads, vllm_env
-
     assert vllm_env("dspark") == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
     assert vllm_env("dflash") == {} and vllm_env(None) == {}
     assert drafts_with_heads("dspark") and not drafts_with_heads("dflash")
     assert KINDS["dspark"].vllm_needs_gpu and KINDS["eagle3"].vllm_needs_gpu is None
+    for name, kind in KINDS.items():
+        assert serving_kind(kind.vllm_method) is kind
+        assert served_method({"speculators_model_type": kind.export_format}, "x") == name
+    with pytest.raises(ValueError, match=r"unknown vLLM speculative method 'medusa'; one of"):
+        serving_kind("medusa")
+    with pytest.raises(ValueError, match="here: no speculators_model_type; is this a"):
+        served_method({}, "here")
+    with pytest.raises(ValueError, match="there: speculators_model_type 'medusa' is none of"):
+        served_method({"speculators_model_type": "medusa"}, "there")
+
+
+def test_the_default_kind_is_the_registrys():
+    assert DEFAULT_KIND in KINDS
+    assert parse_train_config(BASE).draft.kind == DEFAULT_KIND
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_vllm_check_serves_each_kind_with_its_method_and_environment(
+    kind, tmp_path, monkeypatch
+):
+    """decode() without a method serves the export's (its format's kind's) method, in the
+    environment the registry gives that method."""
+    from pipeline.drafts import vllm_check
+
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": kind}))
+    seen = {}
+
+    def fake_run(args, *, input, env, **kwargs):
+        seen.update(request=json.loads(input), env=env)
+        raise KeyboardInterrupt  # stop before any engine starts
+
+    monkeypatch.setattr(vllm_check.subprocess, "run", fake_run)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        vllm_check.decode("target", [[1, 2]], max_tokens=4, draft_dir=tmp_path)
+    assert seen["request"]["method"] == KINDS[kind].vllm_method
+    assert {k: seen["env"].get(k) for k in KINDS[kind].vllm_env} == dict(KINDS[kind].vllm_env)
+    assert ("VLLM_USE_V2_MODEL_RUNNER" in seen["env"]) == bool(KINDS[kind].vllm_env)

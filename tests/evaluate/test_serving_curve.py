@@ -4,13 +4,16 @@ interactivity, the plot and tables, and the config's checks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.config import ConfigError
+from pipeline.drafts.registry import KINDS
 from pipeline.evaluate.config import ServingConfig, parse_eval_config
+from pipeline.evaluate.server import server_command
 from pipeline.evaluate.serving import (
     BASELINE,
     Engine,
@@ -55,6 +58,40 @@ def test_engines_follow_the_exports_and_dspark_needs_a_gpu():
         engines_for(ServingConfig(drafts=[dict(name="DFlash", method="eagle3")]), EXPORTS)
     with pytest.raises(ValueError, match="no export directory"):
         engines_for(ServingConfig(drafts=[dict(name="DFlash")]), {"DFlash": None})
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_each_kinds_serving_facts_decide_its_engine(cuda, monkeypatch):
+    """Per kind, from drafts/registry.py: the method that serves its export, whether vLLM's
+    CPU build serves it (else the registry's reason is reported), the server's environment."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    exports = {name: FIXTURES / name / "export" for name in KINDS}
+    served = engines_for(ServingConfig(), exports)[1:]
+    engines = {e.name if isinstance(e, Engine) else e["name"]: e for e in served}
+    for name, kind in KINDS.items():
+        if kind.vllm_needs_gpu and not cuda:
+            assert engines[name] == {"name": name, "reason": kind.vllm_needs_gpu}
+            continue
+        engine = engines[name]
+        assert engine.method == kind.vllm_method and engine.draft_dir == exports[name]
+        args, env = server_command("t", engine, ServingConfig(), port=1, memory=None)
+        spec = json.loads(args[args.index("--speculative-config") + 1])
+        assert spec["method"] == kind.vllm_method
+        assert {k: env.get(k) for k in kind.vllm_env} == dict(kind.vllm_env)
+        assert ("VLLM_USE_V2_MODEL_RUNNER" in env) == bool(kind.vllm_env)
+    _, plain_env = server_command("t", Engine(BASELINE), ServingConfig(), port=1, memory=None)
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in plain_env
+
+
+def test_a_served_method_is_one_the_registry_knows():
+    with pytest.raises(ConfigError, match="unknown vLLM speculative method 'medusa'; one of"):
+        parse_eval_config(
+            {
+                "drafts": [{"name": "d", "path": "p"}],
+                "serving": {"drafts": [{"name": "d", "method": "medusa"}]},
+            }
+        )
 
 
 def test_speedup_at_matched_interactivity_interpolates_the_draft_curve():
