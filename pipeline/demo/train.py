@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.demo import CONFIG_DIR
-from pipeline.drafts.registry import draft_kind
+from pipeline.drafts.registry import DEFAULT_KIND, draft_kind
 
 DEMO_CONFIG = CONFIG_DIR / "train-toy.yaml"
 EAGLE3_CONFIG = DEMO_CONFIG.with_name("train-toy-eagle3.yaml")
@@ -69,7 +69,7 @@ def train_demo_draft(
     serve: bool = True,
     num_prompts: int = 6,
     data_uri: str | None = None,
-    kind: str = "dspark",
+    kind: str = DEFAULT_KIND,
 ) -> dict[str, Any]:
     """Train the toy draft under `out_dir` and return a small summary (see module docstring)."""
 
@@ -127,5 +127,5 @@ if __name__ == "__main__":
 
     setup_logging()
     out = sys.argv[1] if len(sys.argv) > 1 else "runs/demo"
-    kind = sys.argv[2] if len(sys.argv) > 2 else "dspark"
+    kind = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_KIND
     print(json.dumps(train_demo_draft(out, kind=kind), indent=2))
