@@ -10,8 +10,7 @@ segment and its merges, the root, `_latest` and the dataset card, on local
 disk, in one process (the sink's: it reads its parent version once and keeps
 it). At 100, 1,000 and 10,000 shards the figures are the mean (and max) over
 the 25 commits before that size, merges included; bytes count every object
-the commit writes. For comparison, the bytes a format-1 manifest (every
-shard listed in every version) would take at the same size.
+the commit writes.
 
 Results merge into bench/results.json (`commit_*`) and bench/RESULTS.md.
 """
