@@ -17,8 +17,8 @@ writer reported (`ShardInfo.samples`) and bound to the shard by its sha256:
 planning (a rerun does not retry a deterministic failure) and as members for
 the exactly-once check, like rows.
 
-A shard whose writer reported no members gets its index from the id, domain
-and source columns of the file itself (`index_from_parquet`).
+A shard's file is never opened for its members: a commit of a shard whose
+writer reported none (a file with rows but no `ShardInfo.samples`) is refused.
 
 The partition key of a sample (`corpus.identity.partition_key`) is a 64-bit hash of its
 conversation part (the sample id without its `-<turn>` suffix), so every turn
@@ -32,12 +32,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipeline.corpus.identity import KEY_BITS, input_hash, partition_key
-
-if TYPE_CHECKING:
-    from pipeline.storage import Storage
 
 SIDECAR_FORMAT = "dspark-targets.sidecar"
 SIDECAR_VERSION = 1
@@ -125,26 +121,6 @@ def build_index(
         for sid, domain, source, tokens in samples
     )
     return SampleIndex(shard, sha256, rows, tuple(sorted(set(attempted))))
-
-
-def index_from_parquet(storage: Storage, shard: str, sha256: str) -> SampleIndex:
-    """The index of a shard whose writer reported no members: read its small columns."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    with storage.open_read(shard) as fh:
-        table = pq.ParquetFile(fh).read(columns=["sample_id", "domain", "source", "input_ids"])
-    lengths = pc.list_value_length(table.column("input_ids")).to_pylist()
-    samples = list(
-        zip(
-            table.column("sample_id").to_pylist(),
-            table.column("domain").to_pylist(),
-            table.column("source").to_pylist(),
-            lengths,
-            strict=True,
-        )
-    )
-    return build_index(shard, sha256, samples)
 
 
 def key_hex(key: int) -> str:

@@ -7,8 +7,8 @@
    must have the lineage's key, else `LineageMismatch` names the fields.
 2. **Files**: each new shard exists with the size its writer recorded (the
    name was written create-only, so those are the bytes the writer hashed).
-3. **Exactly once, per sample**: the new shards' members (from what the writer
-   reported, or their id columns) must not repeat one another, nor any live
+3. **Exactly once, per sample**: the new shards' members (what their writers
+   reported; a shard with rows and no report is refused) must not repeat one another, nor any live
    member of the parent, unless this commit drops that member from the shard
    that holds it. Only parent shards whose partition-key range overlaps a new
    shard's are consulted, through their sidecars (cached).
@@ -187,7 +187,7 @@ class _Commit:
                 continue  # the same shard twice in one call
             written_at = check_written(ds, info)
             self.oldest = written_at if self.oldest is None else min(self.oldest, written_at)
-            self.indexes[info.path], self.infos[info.path] = index_of(ds, info), info
+            self.indexes[info.path], self.infos[info.path] = index_of(info), info
         check_no_repeats(self.indexes)
 
     def check_drops_and_removals(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -151,6 +152,16 @@ def test_commit_checks_the_files_exist_as_written(root):
         ds.commit([info])
     other, _ = write_unit(ds, "unit-a", 1)
     assert ds.commit([other]).num_rows == 1
+
+
+def test_a_shard_without_its_writers_member_report_is_refused(root):
+    """A commit learns a shard's members from its writer, never by opening the file."""
+    ds = Dataset.open(root)
+    info, _ = write_unit(ds, "unit-a", 2)
+    with pytest.raises(DatasetError, match="unit-a.*parquet: the writer reported 0 samples for 2"):
+        ds.commit([dataclasses.replace(info, samples=())])
+    assert ds.latest_version() is None
+    assert ds.commit([info]).num_rows == 2
 
 
 def test_drops_replace_and_remove_rows_without_rewriting_files(root):
