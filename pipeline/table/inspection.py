@@ -1,6 +1,7 @@
 """Library side of `dspark-targets inspect` and `verify`: reports on a dataset's versions and files.
 
-* `inspect_dataset`: versions, lineage, shards, rows, tokens, bytes per token, codec, provenance.
+* `inspect_dataset`: versions (which gc retired), lineage, shards, rows, tokens,
+  bytes per token, codec, provenance.
 * `verify_dataset`: every file a version names: re-hash every shard against
   its manifest and decode every tensor, check its provenance against the
   lineage, its sidecar against its id column, and every segment against the
