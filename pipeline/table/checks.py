@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index
+from pipeline.shards.sidecar import SampleIndex, build_index
 from pipeline.table.errors import DatasetError, DuplicateSampleError, LineageMismatch
 from pipeline.table.manifest import Lineage, Manifest, ShardEntry
+from pipeline.table.ranges import RangeIndex
 
 if TYPE_CHECKING:
     from pipeline.shards.writer import ShardInfo

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import SampleIndex, key_hex, sidecar_key
+from pipeline.shards.sidecar import SampleIndex, sidecar_key
 from pipeline.table.checks import (
     check_against_parent,
     check_no_repeats,
@@ -60,6 +60,7 @@ from pipeline.table.errors import DatasetError, ImmutableShardError
 from pipeline.table.layout import HISTORY_LENGTH
 from pipeline.table.manifest import Manifest, SegmentRef, ShardEntry
 from pipeline.table.publish import after_publish, now, publish_root, put_once
+from pipeline.table.ranges import key_hex
 from pipeline.table.segments import Drop, Segment, merge, run_to_merge
 from pipeline.table.totals import Counts, parent_totals
 
