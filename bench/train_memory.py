@@ -100,7 +100,7 @@ def _batch(spec, seq_len: int, device):
     """One sample of `seq_len` tokens (a 64-token prompt, then answer), T/8 anchors."""
     import torch
 
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
     from pipeline.train.packing import pack
 
     g = torch.Generator().manual_seed(0)

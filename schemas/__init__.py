@@ -2,8 +2,8 @@
 
 `SCHEMAS` maps every version a reader accepts to its module; `LATEST` is what
 writers produce. JSON Schemas beside this file: `manifest.schema.json` (a
-version's root, format 2), `manifest-v1.schema.json` (format 1, still read),
-`segment.schema.json` and `sidecar.schema.json`.
+version's root, format 2; format 1 is no longer read), `segment.schema.json`
+and `sidecar.schema.json`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from schemas import v1
 LATEST: int = v1.VERSION
 SCHEMAS: dict[int, ModuleType] = {v1.VERSION: v1}
 MANIFEST_SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")  # format-2 roots
-MANIFEST_V1_SCHEMA_PATH = Path(__file__).with_name("manifest-v1.schema.json")
 SEGMENT_SCHEMA_PATH = Path(__file__).with_name("segment.schema.json")
 SIDECAR_SCHEMA_PATH = Path(__file__).with_name("sidecar.schema.json")
 

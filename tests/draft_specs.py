@@ -6,7 +6,7 @@ import torch
 
 from pipeline.drafts.registry import KINDS
 from pipeline.drafts.spec import DraftSpec
-from pipeline.table.reader import TrainingSample
+from pipeline.shards.reader import TrainingSample
 
 # Smaller still, for drafters checked against brute force (vocabulary 40, width 16).
 SMALL = dict(
@@ -104,7 +104,7 @@ def drafted(drafter, sample: dict[str, torch.Tensor]) -> dict:
     num_prompt_tokens): T=0 blocks at every answer anchor, and one live proposal
     at T=0.05 (seeded; the random toy target's logits are small). The record of
     tests/fixtures/drafts_v0/expected.json."""
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
     ids, feats = sample["input_ids"], sample["hidden_states"]
     t, p = ids.shape[0], int(sample["num_prompt_tokens"])

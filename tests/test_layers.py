@@ -105,6 +105,18 @@ def test_the_file_format_imports_nothing_of_the_versioned_table():
     assert _offending("shards", ("pipeline.table",)) == {}
 
 
+def test_every_folder_of_modules_is_a_package_the_build_finds():
+    """A folder without __init__.py imports (a namespace package) but is left out of a wheel."""
+    from setuptools import find_packages
+
+    found = set(find_packages(str(PIPELINE.parent), include=["pipeline*"]))
+    folders = {
+        ".".join(p.parent.relative_to(PIPELINE.parent).parts) for p in PIPELINE.rglob("*.py")
+    }
+    assert {"pipeline.shards", "pipeline.table"} <= folders
+    assert sorted(folders - found) == []
+
+
 def test_nothing_below_the_demo_imports_the_toy():
     """The toy wing sits on top: only the demo, the CLI and the toy itself import it."""
     above = ("demo/", "toy/", "cli.py", "__main__.py")

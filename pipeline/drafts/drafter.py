@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 
 @dataclass

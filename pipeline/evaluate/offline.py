@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.drafts.drafter import DraftBlocks, Drafter
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 
 def inexact_reasons(*, generation: dict, codec: str) -> list[str]:

@@ -37,7 +37,7 @@ MAX_SEQ_LEN = 4096
 if TYPE_CHECKING:
     from pipeline.drafts.drafter import Drafter
     from pipeline.drafts.load import LoadedDraft
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.drafts.drafter import Drafter
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 60.0

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from pipeline.drafts.drafter import Drafter
     from pipeline.drafts.load import LoadedDraft
     from pipeline.evaluate.config import VllmCheckConfig
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 
 @dataclass
@@ -92,7 +92,7 @@ def capture_samples(
     """Samples (fp32 features) of the given trajectories, captured by the HF reference."""
     import torch
 
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
     from pipeline.targets.base import Generation
     from pipeline.targets.config import TargetConfig
     from pipeline.targets.hf_backend import HFTarget

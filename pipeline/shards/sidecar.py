@@ -17,14 +17,15 @@ writer reported (`ShardInfo.samples`) and bound to the shard by its sha256:
 planning (a rerun does not retry a deterministic failure) and as members for
 the exactly-once check, like rows.
 
-A shard whose writer reported no members gets its index from the id, domain
-and source columns of the file itself (`index_from_parquet`).
+A shard's file is never opened for its members: a commit of a shard whose
+writer reported none (a file with rows but no `ShardInfo.samples`) is refused.
 
 The partition key of a sample (`corpus.identity.partition_key`) is a 64-bit hash of its
 conversation part (the sample id without its `-<turn>` suffix), so every turn
 of a conversation has the same key and a conversation's bucket never depends
-on the corpus size. Shard entries record the key range of their members;
-the exactly-once check compares only shards whose ranges overlap.
+on the corpus size. `SampleIndex.key_range` is the range of a shard's members;
+the versioned table records it per shard and compares only shards whose
+ranges overlap (`pipeline/table/ranges.py`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipeline.corpus.identity import KEY_BITS, input_hash, partition_key
-
-if TYPE_CHECKING:
-    from pipeline.storage import Storage
+from pipeline.shards.errors import DatasetError
 
 SIDECAR_FORMAT = "dspark-targets.sidecar"
 SIDECAR_VERSION = 1
@@ -108,8 +106,6 @@ class SampleIndex:
             attempted = tuple((str(a), str(b)) for a, b in body["attempted"])
             return cls(str(body["shard"]), str(body["sha256"]), rows, attempted)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            from pipeline.shards.errors import DatasetError
-
             raise DatasetError(f"{where}: unreadable sample index ({err})") from None
 
 
@@ -125,98 +121,3 @@ def build_index(
         for sid, domain, source, tokens in samples
     )
     return SampleIndex(shard, sha256, rows, tuple(sorted(set(attempted))))
-
-
-def index_from_parquet(storage: Storage, shard: str, sha256: str) -> SampleIndex:
-    """The index of a shard whose writer reported no members: read its small columns."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    with storage.open_read(shard) as fh:
-        table = pq.ParquetFile(fh).read(columns=["sample_id", "domain", "source", "input_ids"])
-    lengths = pc.list_value_length(table.column("input_ids")).to_pylist()
-    samples = list(
-        zip(
-            table.column("sample_id").to_pylist(),
-            table.column("domain").to_pylist(),
-            table.column("source").to_pylist(),
-            lengths,
-            strict=True,
-        )
-    )
-    return build_index(shard, sha256, samples)
-
-
-def key_hex(key: int) -> str:
-    return f"{key:016x}"
-
-
-def ranges_overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
-    """Unknown ranges (None) overlap everything."""
-    if a is None or b is None:
-        return True
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
-def parse_range(lo: str | None, hi: str | None) -> tuple[int, int] | None:
-    return (int(lo, 16), int(hi, 16)) if lo is not None and hi is not None else None
-
-
-class RangeIndex:
-    """Shards by partition-key range, for the commit's overlap query in O(log N + hits).
-
-    Shards planned by bucket cover a narrow range (at most `narrow_span`): they
-    sit in a list sorted by their low key, so the shards a new range can
-    overlap are found by bisection. Wider ranges (shards written outside the
-    planner, or with no range) are few and checked one by one.
-    """
-
-    def __init__(
-        self,
-        narrow: list[tuple[int, int, str]],
-        wide: list[tuple[int, int, str]],
-        narrow_span: int,
-        max_span: int = 0,
-    ) -> None:
-        self.narrow = narrow  # sorted by (lo, hi, path)
-        self.wide = wide
-        self.narrow_span = narrow_span
-        self.max_span = max_span  # widest narrow range ever added (an upper bound)
-
-    @classmethod
-    def build(cls, entries, num_buckets: int) -> RangeIndex:
-        index = cls([], [], 2 * ((1 << KEY_BITS) // max(1, num_buckets)))
-        return index.with_changes(list(entries), set())
-
-    def _split(self, entries) -> tuple[list, list]:
-        narrow, wide = [], []
-        for e in entries:
-            rng = e.key_range
-            if rng is None:
-                wide.append((0, (1 << KEY_BITS) - 1, e.path))
-            elif rng[1] - rng[0] <= self.narrow_span:
-                narrow.append((rng[0], rng[1], e.path))
-            else:
-                wide.append((rng[0], rng[1], e.path))
-        return narrow, wide
-
-    def with_changes(self, added, removed: set[str]) -> RangeIndex:
-        """A new index: this one plus `added` entries, minus the paths in `removed`."""
-        import bisect
-
-        narrow = [t for t in self.narrow if t[2] not in removed] if removed else list(self.narrow)
-        wide = [t for t in self.wide if t[2] not in removed]
-        new_narrow, new_wide = self._split(added)
-        for item in new_narrow:
-            bisect.insort(narrow, item)
-        span = max([self.max_span] + [hi - lo for lo, hi, _ in new_narrow])
-        return RangeIndex(narrow, wide + new_wide, self.narrow_span, span)
-
-    def overlapping(self, lo: int, hi: int) -> list[str]:
-        import bisect
-
-        start = bisect.bisect_left(self.narrow, (lo - self.max_span, -1, ""))
-        stop = bisect.bisect_right(self.narrow, (hi, 1 << KEY_BITS, "\uffff"))
-        out = [p for a, b, p in self.narrow[start:stop] if a <= hi and lo <= b]
-        out += [p for a, b, p in self.wide if a <= hi and lo <= b]
-        return out

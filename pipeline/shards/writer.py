@@ -7,7 +7,7 @@ task that may or may not have run), a second driver or a late zombie writer
 can add a file but never change the bytes of one a manifest names: the
 manifest names exactly the file whose hash the writer computed. Two attempts
 of one unit cannot both be published either: the commit refuses a version
-that would list a sample id twice (table/dataset.py). The file appears under its
+that would list a sample id twice (table/checks.py). The file appears under its
 name only when `close()` succeeds; it becomes part of a dataset only when a
 manifest names it.
 

@@ -4,7 +4,8 @@
   has its key; else `LineageMismatch` naming every differing field.
 * `check_written`: a new shard's file exists with the size its writer wrote
   (and when it was written, on the store's clock: retention.py).
-* `index_of`: a new shard's members, from the writer's report or its id column.
+* `index_of`: a new shard's members, from its writer's report (a shard with
+  rows and no report is refused: its file is not opened for them).
 * `check_no_repeats` / `check_against_parent`: no sample id twice in the
   version (see commit.py's docstring for which shards are consulted).
 """
@@ -17,9 +18,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import RangeIndex, SampleIndex, build_index, index_from_parquet
+from pipeline.shards.sidecar import SampleIndex, build_index
 from pipeline.table.errors import DatasetError, DuplicateSampleError, LineageMismatch
 from pipeline.table.manifest import Lineage, Manifest, ShardEntry
+from pipeline.table.ranges import RangeIndex
 
 if TYPE_CHECKING:
     from pipeline.shards.writer import ShardInfo
@@ -79,22 +81,14 @@ def check_written(ds: DatasetLike, info: ShardInfo) -> float:
     return found.mtime
 
 
-def index_of(ds: DatasetLike, info: ShardInfo) -> SampleIndex:
-    """The members of a new shard: what its writer reported, else its id columns."""
-    if info.samples or info.rows == 0:
-        if len(info.samples) != info.rows:
-            raise DatasetError(
-                f"cannot commit {info.path}: the writer reported {len(info.samples)} samples "
-                f"for {info.rows} rows"
-            )
-        return build_index(info.path, info.sha256, info.samples, info.attempted)
-    index = index_from_parquet(ds.storage, info.path, info.sha256)
-    return build_index(
-        info.path,
-        info.sha256,
-        [(r.sample_id, r.domain, r.source, r.tokens) for r in index.rows],
-        info.attempted,
-    )
+def index_of(info: ShardInfo) -> SampleIndex:
+    """The members of a new shard, from what its writer reported."""
+    if len(info.samples) != info.rows:
+        raise DatasetError(
+            f"cannot commit {info.path}: the writer reported {len(info.samples)} samples "
+            f"for {info.rows} rows"
+        )
+    return build_index(info.path, info.sha256, info.samples, info.attempted)
 
 
 def check_no_repeats(indexes: dict[str, SampleIndex]) -> None:

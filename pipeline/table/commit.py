@@ -7,8 +7,8 @@
    must have the lineage's key, else `LineageMismatch` names the fields.
 2. **Files**: each new shard exists with the size its writer recorded (the
    name was written create-only, so those are the bytes the writer hashed).
-3. **Exactly once, per sample**: the new shards' members (from what the writer
-   reported, or their id columns) must not repeat one another, nor any live
+3. **Exactly once, per sample**: the new shards' members (what their writers
+   reported; a shard with rows and no report is refused) must not repeat one another, nor any live
    member of the parent, unless this commit drops that member from the shard
    that holds it. Only parent shards whose partition-key range overlaps a new
    shard's are consulted, through their sidecars (cached).
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import SampleIndex, key_hex, sidecar_key
+from pipeline.shards.sidecar import SampleIndex, sidecar_key
 from pipeline.table.checks import (
     check_against_parent,
     check_no_repeats,
@@ -60,6 +60,7 @@ from pipeline.table.errors import DatasetError, ImmutableShardError
 from pipeline.table.layout import HISTORY_LENGTH
 from pipeline.table.manifest import Manifest, SegmentRef, ShardEntry
 from pipeline.table.publish import after_publish, now, publish_root, put_once
+from pipeline.table.ranges import key_hex
 from pipeline.table.segments import Drop, Segment, merge, run_to_merge
 from pipeline.table.totals import Counts, parent_totals
 
@@ -187,7 +188,7 @@ class _Commit:
                 continue  # the same shard twice in one call
             written_at = check_written(ds, info)
             self.oldest = written_at if self.oldest is None else min(self.oldest, written_at)
-            self.indexes[info.path], self.infos[info.path] = index_of(ds, info), info
+            self.indexes[info.path], self.infos[info.path] = index_of(info), info
         check_no_repeats(self.indexes)
 
     def check_drops_and_removals(self) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.shards.schema import Provenance
-from pipeline.shards.sidecar import RangeIndex, SampleIndex
+from pipeline.shards.sidecar import SampleIndex
 from pipeline.shards.writer import ShardInfo, ShardWriter
 from pipeline.storage import PreconditionFailed, Storage, open_storage
 from pipeline.table.errors import (
@@ -32,6 +32,7 @@ from pipeline.table.layout import (
     retired_key,
 )
 from pipeline.table.manifest import Manifest, ShardEntry, manifest_from_root, parse_root
+from pipeline.table.ranges import RangeIndex
 from pipeline.table.segments import Segment, apply
 
 log = logging.getLogger(__name__)

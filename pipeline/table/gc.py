@@ -185,10 +185,7 @@ def gc_dataset(
     endpoint_url: str | None = None,
 ) -> GcReport:
     """What gc finds (and, with `delete`, does) at `uri`; the module docstring has the steps."""
-    if keep_versions is not None and (
-        not isinstance(keep_versions, int) or isinstance(keep_versions, bool) or keep_versions < 1
-    ):
-        raise ValueError(f"keep_versions must be at least 1, got {keep_versions!r}")
+    _check_keep_versions(keep_versions)
     min_age_s = retention.check_min_age(min_age_s, unsafe=unsafe_min_age)
     ds = Dataset.open(uri, endpoint_url=endpoint_url)
     storage = ds.storage
@@ -209,27 +206,14 @@ def gc_dataset(
     if keep_versions is None or not versions or unreadable:
         retained = list(versions)
     else:
-        keep = set(versions[-keep_versions:])
-        keep.update(_pinned(pins, versions))
-        latest = ds.manifest(versions[-1])
-        if latest.last_complete_version in versions:
-            keep.add(latest.last_complete_version)
-        # Readers start at the pointer: what it names, and everything newer, stays.
-        keep.update(v for v in versions if pointer is not None and v >= pointer)
-        retained = sorted(keep)
+        retained = _kept(ds, versions, pins, keep_versions, pointer)
     expired = [v for v in versions if v not in set(retained)]
     referenced = _referenced(ds, versions, retained)
     garbage, in_flight, young = _sort_candidates(objects, referenced, protect_from, now, min_age_s)
     # An upload's listed start time comes from the server (and some servers fake
     # it), so uploads are aborted only while no session is live at all.
     stale = [] if sessions else [u for u in uploads if now - u.initiated >= min_age_s]
-    dead_sessions = [
-        o.key
-        for o in objects
-        if o.key.startswith(SESSIONS_PREFIX)
-        and o.key[len(SESSIONS_PREFIX) : -len(".json")] not in {s.session for s in sessions}
-        and now - o.mtime > CLOCK_MARGIN_S
-    ]
+    dead_sessions = _dead_sessions(objects, sessions, now)
     if delete:
         if roots:
             ds.advance_latest(roots[-1])  # 4. a lagging pointer catches up first
@@ -266,6 +250,39 @@ def gc_dataset(
         unreadable,
         len(retired),
     )
+
+
+def _check_keep_versions(keep_versions: int | None) -> None:
+    if keep_versions is not None and (
+        not isinstance(keep_versions, int) or isinstance(keep_versions, bool) or keep_versions < 1
+    ):
+        raise ValueError(f"keep_versions must be at least 1, got {keep_versions!r}")
+
+
+def _kept(
+    ds: Dataset, versions: list[int], pins: list[Pin], keep_versions: int, pointer: int | None
+) -> list[int]:
+    """The versions `--keep-versions` keeps: the newest, the pinned, the last complete one,
+    and the pointer's version with everything newer (readers start at the pointer)."""
+    keep = set(versions[-keep_versions:])
+    keep.update(_pinned(pins, versions))
+    latest = ds.manifest(versions[-1])
+    if latest.last_complete_version in versions:
+        keep.add(latest.last_complete_version)
+    keep.update(v for v in versions if pointer is not None and v >= pointer)
+    return sorted(keep)
+
+
+def _dead_sessions(objects, sessions: list[LiveSession], now: float) -> list[str]:
+    """The records of write sessions that are no longer live (past the clock margin)."""
+    live = {s.session for s in sessions}
+    return [
+        o.key
+        for o in objects
+        if o.key.startswith(SESSIONS_PREFIX)
+        and o.key[len(SESSIONS_PREFIX) : -len(".json")] not in live
+        and now - o.mtime > CLOCK_MARGIN_S
+    ]
 
 
 def _retire(ds: Dataset, version: int, now: float) -> None:

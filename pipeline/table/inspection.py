@@ -1,6 +1,7 @@
 """Library side of `dspark-targets inspect` and `verify`: reports on a dataset's versions and files.
 
-* `inspect_dataset`: versions, lineage, shards, rows, tokens, bytes per token, codec, provenance.
+* `inspect_dataset`: versions (which gc retired), lineage, shards, rows, tokens,
+  bytes per token, codec, provenance.
 * `verify_dataset`: every file a version names: re-hash every shard against
   its manifest and decode every tensor, check its provenance against the
   lineage, its sidecar against its id column, and every segment against the
@@ -138,7 +139,8 @@ class InspectReport:
 
 def source_summaries(dataset: Dataset, manifest: Manifest) -> dict[str, SourceSummary]:
     """Live rows and mean prompt/answer tokens per source: only the small columns are read."""
-    from pipeline.table.reader import open_shard, read_row_group
+    from pipeline.shards.reader import read_row_group
+    from pipeline.table.reader import open_shard
 
     tally: dict[str, list[int]] = {}
     columns = ["sample_id", "source", "num_prompt_tokens", "num_generated_tokens"]
@@ -245,7 +247,8 @@ def verify_shard(
 
     `ids_out` receives the sample ids of the file's rows, in order.
     """
-    from pipeline.table.reader import decode_rows, open_shard  # torch only when verifying
+    from pipeline.shards.reader import decode_rows  # torch only when verifying
+    from pipeline.table.reader import open_shard
 
     problems = []
     try:

@@ -29,10 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.corpus.identity import unit_interval
+from pipeline.shards.reader import TrainingSample, decode_rows, read_row_group
 from pipeline.shards.schema import VLLM_AUX_CONVENTION, Provenance
 from pipeline.table.dataset import Dataset
 from pipeline.table.manifest import Manifest, ShardEntry
-from pipeline.table.reader import TrainingSample, decode_rows, open_shard, read_row_group
+from pipeline.table.reader import open_shard
 
 
 class DataMismatchError(ValueError):

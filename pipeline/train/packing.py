@@ -21,7 +21,7 @@ import torch
 from pipeline.corpus.identity import hash64
 from pipeline.drafts.common import DraftInputs
 from pipeline.drafts.spec import DraftSpec
-from pipeline.table.reader import TrainingSample
+from pipeline.shards.reader import TrainingSample
 
 
 @dataclass

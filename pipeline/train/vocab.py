@@ -45,7 +45,8 @@ def answer_token_counts(
     training reads it."""
     import numpy as np
 
-    from pipeline.table.reader import open_shard, read_row_group
+    from pipeline.shards.reader import read_row_group
+    from pipeline.table.reader import open_shard
 
     counts = np.zeros(vocab_size, dtype=np.int64)
     groups: dict[tuple[int, int], list[int]] = {}

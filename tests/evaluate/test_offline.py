@@ -16,7 +16,7 @@ from pipeline.evaluate.offline import (
     position_acceptance,
     walk,
 )
-from pipeline.table.reader import TrainingSample
+from pipeline.shards.reader import TrainingSample
 
 VOCAB = 50
 

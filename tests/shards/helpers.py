@@ -1,4 +1,4 @@
-"""Small builders shared by the shards tests: a provenance and deterministic samples."""
+"""Small builders shared by the format and table tests: a provenance and deterministic samples."""
 
 from __future__ import annotations
 

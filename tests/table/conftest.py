@@ -1,4 +1,4 @@
-"""Fixtures for the shards tests: the loopback S3 server and a dataset root per backend."""
+"""Fixtures for the table tests: the loopback S3 server and a dataset root per backend."""
 
 from __future__ import annotations
 

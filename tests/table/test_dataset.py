@@ -1,7 +1,9 @@
-"""Commit protocol on local disk and S3: versions, sample-level exactly-once, lineages, segments."""
+"""Commit protocol on local disk and S3: versions, sample-level exactly-once, lineages, segments,
+sidecars checked before a commit trusts them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -151,6 +153,33 @@ def test_commit_checks_the_files_exist_as_written(root):
         ds.commit([info])
     other, _ = write_unit(ds, "unit-a", 1)
     assert ds.commit([other]).num_rows == 1
+
+
+def test_a_shard_without_its_writers_member_report_is_refused(root):
+    """A commit learns a shard's members from its writer, never by opening the file."""
+    ds = Dataset.open(root)
+    info, _ = write_unit(ds, "unit-a", 2)
+    with pytest.raises(DatasetError, match="unit-a.*parquet: the writer reported 0 samples for 2"):
+        ds.commit([dataclasses.replace(info, samples=())])
+    assert ds.latest_version() is None
+    assert ds.commit([info]).num_rows == 2
+
+
+def test_a_sidecar_edited_into_valid_json_is_refused_before_a_commit_trusts_it(root):
+    ds = Dataset.open(root)
+    first, _ = write_unit(ds, "unit-a", 4)
+    entry = ds.commit([first]).shard(first.path)
+    body = json.loads(ds.storage.read_bytes(entry.sidecar))
+    body["rows"] = []  # still a valid sidecar: its four members "gone"
+    ds.storage.delete(entry.sidecar)
+    ds.storage.put_if_absent(entry.sidecar, json.dumps(body).encode())
+    again, _ = write_unit(ds, "unit-a", 4)  # the same sample ids, in a new file
+    fresh = Dataset.open(root)  # no cached index
+    with pytest.raises(DatasetError, match=f"{entry.sidecar}.*sha256"):
+        fresh.commit([again])
+    assert fresh.latest_version() == 1  # nothing published: no sample listed twice
+    report = verify_dataset(root)
+    assert not report.ok and "sha256" in report.to_text()
 
 
 def test_drops_replace_and_remove_rows_without_rewriting_files(root):

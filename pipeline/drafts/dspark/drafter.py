@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from pipeline.drafts.dspark.model import DSparkDraft
     from pipeline.drafts.spec import DraftSpec
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 
 def drafting_slots(spec: DraftSpec) -> slice:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from pipeline.drafts.common import DraftInputs
     from pipeline.drafts.eagle3.model import Eagle3Draft
-    from pipeline.table.reader import TrainingSample
+    from pipeline.shards.reader import TrainingSample
 
 
 def eagle3_inputs(

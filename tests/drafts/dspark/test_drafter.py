@@ -17,7 +17,7 @@ from pipeline.drafts.common import DraftInputs
 from pipeline.drafts.dspark.drafter import DSparkDrafter, drafting_slots
 from pipeline.drafts.dspark.model import DSparkDraft
 from pipeline.drafts.spec import DraftSpec
-from pipeline.table.reader import TrainingSample
+from pipeline.shards.reader import TrainingSample
 
 V, H = SMALL["vocab_size"], SMALL["hidden_size"]
 

@@ -13,7 +13,7 @@ from draft_specs import SMALL, random_sample, tiny_spec
 from pipeline.drafts.eagle3.drafter import Eagle3Drafter, eagle3_inputs
 from pipeline.drafts.eagle3.model import Eagle3Draft
 from pipeline.evaluate.offline import accepted_lengths, anchor_table
-from pipeline.table.reader import TrainingSample
+from pipeline.shards.reader import TrainingSample
 
 V, H, K = SMALL["vocab_size"], SMALL["hidden_size"], 4
 
