@@ -20,20 +20,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.storage.base import AlreadyExists, StorageError, client_error
 
-if TYPE_CHECKING:
-    from pipeline.storage.s3 import S3Storage
-
 PART_BYTES = 16 << 20  # multipart part size (S3's minimum is 5 MiB except the last)
+
+# The `S3Storage` a stream belongs to (pipeline/storage/s3.py), not imported: that
+# module imports this one. A stream uses its `fs`, `bucket`, `retry`, `_key`, `_path`,
+# `url` and `read_bytes_raw`.
+S3Root = Any
 
 
 class Upload:
     """A write-only file object: buffered parts, published at `finish` (create-only or not)."""
 
-    def __init__(self, storage: S3Storage, key: str, *, create_only: bool) -> None:
+    def __init__(self, storage: S3Root, key: str, *, create_only: bool) -> None:
         self._s3 = storage
         self._key = storage._key(key)
         self._url = storage.url(key)
@@ -145,7 +147,7 @@ class ResumableRead(io.RawIOBase):
 
     _BLOCK = 8 << 20
 
-    def __init__(self, storage: S3Storage, key: str) -> None:
+    def __init__(self, storage: S3Root, key: str) -> None:
         super().__init__()
         self._s3 = storage
         self._path = storage._path(key)
