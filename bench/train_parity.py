@@ -211,7 +211,7 @@ def train_speculators(
     from pipeline.drafts.family import language_config
     from pipeline.targets.resolve import resolve_model
     from pipeline.train.data import TrainingData
-    from pipeline.train.trainer import _mask_token_id
+    from pipeline.train.setup import _mask_token_id
 
     if (out / "config.json").exists():
         return json.loads((out / "parity_train.json").read_text())

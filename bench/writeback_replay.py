@@ -89,7 +89,8 @@ def replay(spool: str, out: str, requests) -> tuple[float, int]:
 
     from pipeline.regenerate.replica.writeback import ShardTarget
     from pipeline.shards.schema import Provenance
-    from pipeline.targets.capture import CaptureChunk, SinkSpec, write_spool
+    from pipeline.targets.capture import CaptureChunk, SinkSpec
+    from pipeline.targets.capture_chunks import write_spool
     from pipeline.targets.capture_rows import CaptureContract, RowLayout
 
     torch.set_num_threads(1)  # the write-back process runs on one host CPU

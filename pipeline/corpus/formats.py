@@ -35,9 +35,16 @@ code and a detail, which ingestion turns into an error record.
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections import Counter
 from typing import Any, Literal
+
+from pipeline.corpus.row_checks import (
+    MAX_NESTING,
+    MalformedRow,
+    clean_text,
+    json_value,
+    nesting_depth,
+)
 
 Message = dict[str, Any]
 NonTextParts = Literal["error", "skip"]
@@ -62,69 +69,6 @@ _TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "ref
 _PAIR_KEYS = (("prompt", "response"), ("prompt", "completion"), ("question", "answer"))
 
 
-class MalformedRow(ValueError):
-    """A row that is not a usable conversation; `reason` is a stable short code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-def _check_unicode(value: str, where: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise MalformedRow(
-            "lone_surrogate",
-            f"{where} holds a lone surrogate {value[err.start]!r} at character {err.start}",
-        ) from None
-
-
-def _text(value: Any, where: str, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise MalformedRow("content_not_text", f"{where} is {type(value).__name__}, not a string")
-    _check_unicode(value, where)
-    text = unicodedata.normalize("NFC", value).strip()
-    if not text and not allow_empty:
-        raise MalformedRow("empty_content", f"{where} is empty")
-    return text
-
-
-# Tool arguments and definitions are walked again by json.dumps and the template's
-# `tojson` at render time: deeper than this is an ingest error, not a crash there.
-MAX_NESTING = 64
-
-
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            if depth > MAX_NESTING:
-                break
-            stack.extend(
-                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
-            )
-    return deepest
-
-
-def _json_value(value: Any, where: str) -> Any:
-    """A JSON-able value checked for lone surrogates and nesting."""
-    if _depth(value) > MAX_NESTING:
-        raise MalformedRow("too_deeply_nested", f"{where} is nested deeper than {MAX_NESTING}")
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise MalformedRow("lone_surrogate", f"{where} holds a lone surrogate") from None
-    except RecursionError:
-        raise MalformedRow("too_deeply_nested", f"{where} is nested too deeply") from None
-    except (TypeError, ValueError) as err:
-        raise MalformedRow("bad_tool_call", f"{where} is not JSON data: {err}") from None
-    return value
-
-
 class _Parser:
     """Normalises the turns of one row; `skipped` counts the non-text parts it dropped."""
 
@@ -141,7 +85,7 @@ class _Parser:
             texts = []
             for j, part in enumerate(value):
                 if isinstance(part, str):
-                    texts.append(_text(part, f"{where}[{j}]", allow_empty=True))
+                    texts.append(clean_text(part, f"{where}[{j}]", allow_empty=True))
                     continue
                 if not isinstance(part, dict):
                     raise MalformedRow(
@@ -150,7 +94,9 @@ class _Parser:
                 kind = part.get("type", "text" if "text" in part else None)
                 if kind in _TEXT_PARTS:
                     texts.append(
-                        _text(part.get(_TEXT_PARTS[kind]), f"{where}[{j}].text", allow_empty=True)
+                        clean_text(
+                            part.get(_TEXT_PARTS[kind]), f"{where}[{j}].text", allow_empty=True
+                        )
                     )
                 elif self.non_text_parts == "skip":
                     self.skipped[str(kind)] += 1
@@ -160,7 +106,7 @@ class _Parser:
                         f"{where}[{j}] is a {kind!r} part (set corpus.non_text_parts: skip to drop such parts)",
                     )
             value = "\n".join(t for t in texts if t)
-        return _text(value, where, allow_empty=allow_empty)
+        return clean_text(value, where, allow_empty=allow_empty)
 
     def tool_calls(self, calls: Any, where: str) -> list[dict]:
         if not isinstance(calls, list):
@@ -177,17 +123,17 @@ class _Parser:
             raise MalformedRow("bad_tool_call", f"{where} has no function name")
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
-            text = _text(arguments, f"{where}.arguments", allow_empty=True)
+            text = clean_text(arguments, f"{where}.arguments", allow_empty=True)
             try:  # templates want the object; a string that is not JSON stays as given
                 arguments = json.loads(text) if text else {}
             except (ValueError, RecursionError):
                 arguments = text
-        arguments = _json_value(arguments, f"{where}.arguments")
+        arguments = json_value(arguments, f"{where}.arguments")
         out: dict[str, Any] = {}
         if isinstance(call.get("id"), str) and call["id"].strip():
-            out["id"] = _text(call["id"], f"{where}.id")
+            out["id"] = clean_text(call["id"], f"{where}.id")
         out["type"] = "function"
-        out["function"] = {"name": _text(name, f"{where}.name"), "arguments": arguments}
+        out["function"] = {"name": clean_text(name, f"{where}.name"), "arguments": arguments}
         return out
 
     def turn(self, turn: Any, where: str) -> Message:
@@ -223,7 +169,7 @@ class _Parser:
         if role == "tool":
             if isinstance(content, (dict, int, float, bool)):  # a structured result
                 content = json.dumps(
-                    _json_value(content, f"{where}.{content_key}"), ensure_ascii=False
+                    json_value(content, f"{where}.{content_key}"), ensure_ascii=False
                 )
             message = {
                 "role": "tool",
@@ -231,7 +177,7 @@ class _Parser:
             }
             for key in ("tool_call_id", "name"):
                 if isinstance(turn.get(key), str) and turn[key].strip():
-                    message[key] = _text(turn[key], f"{where}.{key}")
+                    message[key] = clean_text(turn[key], f"{where}.{key}")
             return message
         return {"role": role, "content": self.content(content, f"{where}.{content_key}")}
 
@@ -287,7 +233,7 @@ def _tools(value: Any) -> list[dict] | None:
             raise MalformedRow("bad_tools", "`tools` is a string that is not JSON") from None
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise MalformedRow("bad_tools", "`tools` is not a list of function definitions")
-    if _depth(value) > MAX_NESTING:
+    if nesting_depth(value) > MAX_NESTING:
         raise MalformedRow("too_deeply_nested", f"`tools` is nested deeper than {MAX_NESTING}")
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -314,12 +260,12 @@ def to_messages(
     elif row.get("conversations") is not None:
         messages = parser.turns(row["conversations"], "conversations")
     elif "instruction" in row and "output" in row:
-        prompt = _text(row["instruction"], "`instruction`")
+        prompt = clean_text(row["instruction"], "`instruction`")
         if isinstance(row.get("input"), str) and row["input"].strip():
-            prompt = f"{prompt}\n\n{_text(row['input'], '`input`')}"
+            prompt = f"{prompt}\n\n{clean_text(row['input'], '`input`')}"
         messages = [
             {"role": "user", "content": prompt},
-            {"role": "assistant", "content": _text(row["output"], "`output`")},
+            {"role": "assistant", "content": clean_text(row["output"], "`output`")},
         ]
     else:
         for prompt_key, answer_key in _PAIR_KEYS:
@@ -348,7 +294,7 @@ def to_messages(
                     f"no `messages`, `conversations` or prompt/response columns (columns: {keys})",
                 )
     if isinstance(row.get("system"), str) and row["system"].strip():  # LLaMA-Factory column
-        messages.insert(0, {"role": "system", "content": _text(row["system"], "`system`")})
+        messages.insert(0, {"role": "system", "content": clean_text(row["system"], "`system`")})
     messages = check_roles(messages)
     tools = _tools(row.get("tools"))
     if tools is not None:

@@ -3,8 +3,9 @@
 Modules: `offline` (exact T=0 walk), `sampling` (rejection sampling and the live loop at T>0), `calibration`
 (confidence head ECE/AUC, temperature scaling, truncation), `uncertainty`
 (bootstrap intervals), `vllm` (cross-check against vLLM's counters), `report`
-(JSON, Markdown, plots), `config` (the YAML format), `run` (the stage:
-`run_evaluation`). Drafts are loaded and drafted with through pipeline/drafts/
+(JSON, Markdown, plots), `config` (the YAML format), `heldout` (the samples
+read, after the leakage checks), `draft_row` (one draft's offline row and its
+calibration), `run` (the stage: `run_evaluation`). Drafts are loaded and drafted with through pipeline/drafts/
 (`load`, and each kind's drafter from its registry); this stage imports
 nothing of train/.
 """

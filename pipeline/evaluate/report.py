@@ -79,6 +79,21 @@ def tau_table(report: dict) -> str:
 
 
 def markdown(report: dict, plots: dict[str, Path]) -> str:
+    out = [
+        *_t0_section(report),
+        *_position_table(report),
+        *_calibration_sections(report),
+        *_live_section(report),
+        *_vllm_section(report),
+        *_serving_section(report),
+    ]
+    if plots:
+        out += ["", "## Plots", ""] + [f"* {k}: `{p}`" for k, p in plots.items()]
+    return "\n".join(out) + "\n"
+
+
+def _t0_section(report: dict) -> list[str]:
+    """The title, what the figures are, and the T=0 tau table (with its caveat)."""
     data = report["data"]
     caveat = t0_caveat(report)
     t0 = (
@@ -86,7 +101,7 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
         if caveat is None
         else "## Temperature 0 (offline walk: teacher-forced agreement, not acceptance)"
     )
-    out = [
+    return [
         f"# Acceptance length against {report['target']}",
         "",
         f"{data['num_samples']} held-out samples of {data['uri']} (version {data['version']}, "
@@ -99,9 +114,12 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
         *([caveat, ""] if caveat else []),
         tau_table(report),
         "",
-        "### Conditional acceptance per drafted position (T=0)",
-        "",
     ]
+
+
+def _position_table(report: dict) -> list[str]:
+    """Conditional acceptance per drafted position at T=0, one row per draft."""
+    out = ["### Conditional acceptance per drafted position (T=0)", ""]
     n_max = max(
         (
             len(e["offline_t0"]["position_acceptance"])
@@ -116,6 +134,12 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
         if entry.get("offline_t0"):
             rates = entry["offline_t0"]["position_acceptance"]
             out.append(f"| {name} | " + " | ".join(_fmt(r) for r in rates) + " |")
+    return out
+
+
+def _calibration_sections(report: dict) -> list[str]:
+    """Per draft with a confidence head: its calibration per position and truncation sweep."""
+    out: list[str] = []
     for name, entry in report["drafts"].items():
         cal = entry.get("calibration")
         if not cal:
@@ -143,40 +167,58 @@ def markdown(report: dict, plots: dict[str, Path]) -> str:
                 f"| {row['threshold']} | {_fmt(row['tau'])} | {_fmt(row['verify_rate'])} | "
                 f"{_fmt(row['accepted_per_verified_token'])} | {row['rounds']} |"
             )
-    live = {n: e["live"] for n, e in report["drafts"].items() if e.get("live")}
-    if live:
-        out += ["", "## Temperature > 0 (live loop, rejection sampling, HF reference target)", ""]
-        out += [
-            "| draft | temperature | tau | macro | macro 95% CI | rounds | prompts x runs |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name, runs in live.items():
-            for temp, r in runs.items():
-                out.append(
-                    f"| {name} | {temp} | {_fmt(r['tau'])} | {_fmt(r['tau_macro'])} | "
-                    f"{_ci(r.get('tau_macro_ci95'))} | {r['num_rounds']} | "
-                    f"{r['num_samples']} x {r.get('samples_per_prompt', 1)} |"
-                )
-    if report.get("vllm"):
-        v = report["vllm"]
-        out += [
-            "",
-            "## vLLM cross-check (T=0)",
-            "",
-            f"vLLM `{v['method']}` with {v['draft_dir']}: tau {v['vllm_tau']:.3f} over "
-            f"{v['vllm_num_drafts']} rounds; offline walk of the same trajectories: tau "
-            f"{v['offline_tau']:.3f} over {v['offline_rounds']} rounds. Relative gap "
-            f"{v['relative_gap']:.4f} (tolerance {v['tolerance']}; last-round bound "
-            f"{v['end_effect_bound']:.3f}): **{'within' if v['within_tolerance'] else 'OUTSIDE'} tolerance**.",
-        ]
-    if report.get("serving"):
-        from pipeline.evaluate.serving_report import serving_markdown
+    return out
 
-        out += ["", "## Serving speed (vLLM, with and without the drafts)", ""]
-        out.append(serving_markdown(report["serving"]))
-    if plots:
-        out += ["", "## Plots", ""] + [f"* {k}: `{p}`" for k, p in plots.items()]
-    return "\n".join(out) + "\n"
+
+def _live_section(report: dict) -> list[str]:
+    """T>0: the live loop's tau per draft and temperature (nothing when it did not run)."""
+    live = {n: e["live"] for n, e in report["drafts"].items() if e.get("live")}
+    if not live:
+        return []
+    out = ["", "## Temperature > 0 (live loop, rejection sampling, HF reference target)", ""]
+    out += [
+        "| draft | temperature | tau | macro | macro 95% CI | rounds | prompts x runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in live.items():
+        for temp, r in runs.items():
+            out.append(
+                f"| {name} | {temp} | {_fmt(r['tau'])} | {_fmt(r['tau_macro'])} | "
+                f"{_ci(r.get('tau_macro_ci95'))} | {r['num_rounds']} | "
+                f"{r['num_samples']} x {r.get('samples_per_prompt', 1)} |"
+            )
+    return out
+
+
+def _vllm_section(report: dict) -> list[str]:
+    """The vLLM cross-check against the offline walk (nothing when it did not run)."""
+    if not report.get("vllm"):
+        return []
+    v = report["vllm"]
+    return [
+        "",
+        "## vLLM cross-check (T=0)",
+        "",
+        f"vLLM `{v['method']}` with {v['draft_dir']}: tau {v['vllm_tau']:.3f} over "
+        f"{v['vllm_num_drafts']} rounds; offline walk of the same trajectories: tau "
+        f"{v['offline_tau']:.3f} over {v['offline_rounds']} rounds. Relative gap "
+        f"{v['relative_gap']:.4f} (tolerance {v['tolerance']}; last-round bound "
+        f"{v['end_effect_bound']:.3f}): **{'within' if v['within_tolerance'] else 'OUTSIDE'} tolerance**.",
+    ]
+
+
+def _serving_section(report: dict) -> list[str]:
+    """The serving benchmark's tables (nothing when it did not run)."""
+    if not report.get("serving"):
+        return []
+    from pipeline.evaluate.serving_report import serving_markdown
+
+    return [
+        "",
+        "## Serving speed (vLLM, with and without the drafts)",
+        "",
+        serving_markdown(report["serving"]),
+    ]
 
 
 def _acceptance(entry: dict, temperature: str | None) -> dict | None:

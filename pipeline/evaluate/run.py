@@ -2,12 +2,13 @@
 
 1. loads the target's head and every draft (trained, untrained copies, and
    placeholders for baselines without a checkpoint);
-2. opens the held-out split of the dataset, checking that no evaluated
-   sample was trained on (the eval held-out fraction may not exceed any
-   draft's training fraction: the split is a hash threshold on the sample id)
-   and that the data was captured from this target with the drafts' layers
-   (each draft reads its own subset of them: `select_layers`);
-3. T=0: the exact offline walk per draft (tau per domain, macro, per position);
+2. opens the held-out split of the dataset (pipeline/evaluate/heldout.py),
+   checking that no evaluated sample was trained on (the eval held-out fraction
+   may not exceed any draft's training fraction: the split is a hash threshold
+   on the sample id) and that the data was captured from this target with the
+   drafts' layers (each draft reads its own subset of them: `select_layers`);
+3. T=0: the exact offline walk per draft (tau per domain, macro, per position;
+   pipeline/evaluate/draft_row.py);
 4. confidence head: calibration fitted on one half of the held-out samples,
    reported on the other, stored beside the export; truncation sweep;
 5. T>0: the live loop with rejection sampling (HF reference target);
@@ -27,12 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.drafts.registry import drafts_with_heads, served_method
-from pipeline.evaluate.config import DraftEntry, EvalConfig
+from pipeline.evaluate.config import EvalConfig
+from pipeline.evaluate.draft_row import evaluate_draft
+from pipeline.evaluate.heldout import draft_samples, load_heldout, round_robin_prompts
 from pipeline.logs import kv
-
-# Held-out samples are cut to this many tokens, the training default of
-# `data.max_seq_len` (what evaluation has always read them with).
-MAX_SEQ_LEN = 4096
 
 if TYPE_CHECKING:
     from pipeline.drafts.drafter import Drafter
@@ -86,152 +85,6 @@ class EvalResult:
         return lines
 
 
-def _heldout_fraction(config: EvalConfig, train_configs: dict[str, dict]) -> float:
-    train_fracs = {
-        name: float(tc.get("data", {}).get("heldout_fraction", 0.0))
-        for name, tc in train_configs.items()
-    }
-    frac = config.data.heldout_fraction
-    if frac is None:
-        if not train_fracs:
-            raise ValueError(
-                "data.heldout_fraction is unset and no draft is a training run to take it from: set it"
-            )
-        frac = min(train_fracs.values())
-    if frac <= 0:
-        raise ValueError(
-            f"the drafts were trained with heldout_fraction {train_fracs}: a draft trained on every "
-            "sample has no held-out split to evaluate on; retrain with data.heldout_fraction > 0"
-        )
-    leaked = {n: f for n, f in train_fracs.items() if f < frac}
-    if leaked:
-        raise ValueError(
-            f"data.heldout_fraction {frac} exceeds the training held-out fraction of {leaked}: "
-            "some evaluated samples were trained on; lower data.heldout_fraction to at most "
-            f"{min(leaked.values())}"
-        )
-    return frac
-
-
-def _check_left_out(config: EvalConfig, train_configs: dict[str, dict]) -> None:
-    """split: all reads rows no draft may have trained on: each left the sources out."""
-    wanted = set(config.data.sources)
-    for name, tc in train_configs.items():
-        left_out = set(tc.get("data", {}).get("exclude_sources", []))
-        if not wanted <= left_out:
-            raise ValueError(
-                f"data.split: all evaluates every row of sources {sorted(wanted)}, but draft "
-                f"{name!r} trained on {sorted(wanted - left_out)} (its data.exclude_sources is "
-                f"{sorted(left_out)}): evaluate its held-out split instead, or retrain without them"
-            )
-
-
-def load_heldout(config: EvalConfig, train_configs: dict[str, dict], specs: dict, target_dir: Path):
-    """(held-out samples, data description) after the provenance and leakage checks."""
-    from pipeline.table.dataset import Dataset
-
-    uri = config.data.uri
-    if uri is None:
-        uris = [tc["data"]["uri"] for tc in train_configs.values() if tc.get("data")]
-        if not uris:
-            raise ValueError(
-                "data.uri is unset and no draft is a training run to take it from: set it"
-            )
-        uri = uris[0]
-    frac = _heldout_fraction(config, train_configs)
-    if config.data.split == "all":
-        _check_left_out(config, train_configs)
-    dataset = Dataset.open(uri, endpoint_url=config.data.endpoint_url)
-    version = dataset.manifest(config.data.version).version  # the latest, if unset
-    with dataset.pinned(version, "evaluate"):  # gc keeps it while it is read
-        return _load_heldout(config, specs, target_dir, uri, version, frac)
-
-
-def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, version, frac):
-    import json
-
-    from pipeline.drafts.family import language_config
-    from pipeline.evaluate.offline import inexact_reasons
-    from pipeline.table.split import DatasetSplit
-
-    data = DatasetSplit(
-        uri,
-        version=version,
-        endpoint_url=config.data.endpoint_url,
-        domains=config.data.domains,
-        sources=config.data.sources,
-        exclude_sources=config.data.exclude_sources,
-        heldout_fraction=frac,
-        max_seq_len=MAX_SEQ_LEN,
-    )
-    target_config = language_config(json.loads((target_dir / "config.json").read_text()))
-    for spec in specs.values():
-        data.check(
-            target=config.target,
-            target_config=target_config,
-            aux_layer_ids=list(spec.aux_layer_ids),
-        )
-    prov = data.provenance
-    inexact = inexact_reasons(generation=prov.generation, codec=prov.codec)
-    if inexact and not config.data.report_as_teacher_forced:
-        raise ValueError(
-            f"{data.where}: the offline T=0 walk measures acceptance only on the target's "
-            f"greedy output stored losslessly, but {'; '.join(inexact)}. Regenerate with "
-            "generation.temperature: 0 and a lossless codec (output.codec: bf16), or set "
-            "data.report_as_teacher_forced: true to report its tau as teacher-forced agreement"
-        )
-    rows = (
-        data.heldout_rows if config.data.split == "heldout" else data.heldout_rows + data.train_rows
-    )
-    refs = rows[: config.data.max_samples] if config.data.max_samples else rows
-    if not refs:
-        what = (
-            f"at heldout_fraction {frac}"
-            if config.data.split == "heldout"
-            else f"of sources {config.data.sources}"
-        )
-        raise ValueError(f"{data.where}: no samples to evaluate {what}")
-    samples = data.decode(refs)
-    info = {
-        "uri": str(uri),
-        "version": data.manifest.version,
-        "heldout_fraction": frac,
-        "split": config.data.split,
-        "sources": sorted({s.source for s in samples}),
-        "num_samples": len(samples),
-        # The layers the dataset captured: the samples' hidden_states columns, in order.
-        "aux_layer_ids": list(prov.aux_layer_ids),
-        "domains": sorted({s.domain for s in samples}),
-        # What the offline T=0 tau measures on this data (and why, if not acceptance).
-        "t0_measure": "teacher-forced agreement" if inexact else "acceptance",
-        "t0_inexact": inexact,
-    }
-    return samples, info
-
-
-def draft_samples(samples: list, data_info: dict, spec) -> list:
-    """Held-out samples as a draft of `spec` reads them: hidden_states cut to its layers
-    (the same columns training gave it, table/split.py `select_layers`)."""
-    from pipeline.table.split import select_layers
-
-    captured = data_info["aux_layer_ids"]
-    return [select_layers(s, captured, spec.aux_layer_ids) for s in samples]
-
-
-def _prompts(samples, num: int) -> list:
-    """Up to `num` samples, round-robin over domains (deterministic order)."""
-    by_domain: dict[str, list] = {}
-    for s in samples:
-        by_domain.setdefault(s.domain, []).append(s)
-    picked, i = [], 0
-    while len(picked) < num and any(i < len(v) for v in by_domain.values()):
-        for d in sorted(by_domain):
-            if i < len(by_domain[d]) and len(picked) < num:
-                picked.append(by_domain[d][i])
-        i += 1
-    return picked
-
-
 def run_evaluation(config: EvalConfig) -> EvalResult:
     """Evaluate every draft of `config` (see the module docstring)."""
     from pipeline.torch_threads import torch_threads
@@ -241,14 +94,60 @@ def run_evaluation(config: EvalConfig) -> EvalResult:
 
 
 def _run_evaluation(config: EvalConfig) -> EvalResult:
-    from pipeline.drafts.common import load_target_head
-    from pipeline.drafts.load import load_draft, make_drafter
-    from pipeline.evaluate.calibration import in_calibration_split
     from pipeline.evaluate.report import write_report
     from pipeline.targets.resolve import resolve_model
 
     started = time.monotonic()
+    out_dir = Path(config.out_dir)
     target_dir = Path(resolve_model(config.target))
+    loaded, train_configs = _load_drafts(config, target_dir)
+    samples, data_info = load_heldout(
+        config, train_configs, {n: d.spec for n, d in loaded.items()}, target_dir
+    )
+    run = _Evaluation(config, target_dir, loaded, samples, data_info)
+    log.info("evaluating %s", kv(drafts=len(loaded), samples=len(samples), target=config.target))
+    verifier = _reference_target(run)
+    drafts, drafters = _offline_rows(run, verifier)
+    if config.live is not None and drafters:
+        _live_rows(run, drafts, drafters, verifier)
+    if verifier is not None:
+        verifier.target.close()
+
+    report: dict[str, Any] = {"target": config.target, "data": data_info, "drafts": drafts}
+    report["seconds"] = round(time.monotonic() - started, 1)
+    json_path, md_path, plots = write_report(report, out_dir)
+    if config.vllm is not None:
+        # Written first: a failed engine start must not lose the offline and live results.
+        report["vllm"] = _vllm_check(run)
+        report["seconds"] = round(time.monotonic() - started, 1)
+        json_path, md_path, plots = write_report(report, out_dir)
+    if config.serving is not None:
+        report["serving"] = _serving(run, report)
+        report["seconds"] = round(time.monotonic() - started, 1)
+        json_path, md_path, plots = write_report(report, out_dir)
+    return EvalResult(out_dir, report, json_path, md_path, plots)
+
+
+@dataclass
+class _Evaluation:
+    """What every step of an evaluation reads: the config, the target, the loaded drafts
+    (by row name; rows may share one) and the held-out samples with their description."""
+
+    config: EvalConfig
+    target_dir: Path
+    loaded: dict[str, LoadedDraft]
+    samples: list[TrainingSample]
+    data_info: dict[str, Any]
+
+
+def _load_drafts(
+    config: EvalConfig, target_dir: Path
+) -> tuple[dict[str, LoadedDraft], dict[str, dict]]:
+    """Every row's draft that has a checkpoint (loaded once per source, over the
+    target's shared embeddings and lm_head), and the training configs of the trained ones."""
+    from pipeline.drafts.common import load_target_head
+    from pipeline.drafts.load import load_draft
+
     loaded, train_configs, by_source = {}, {}, {}
     target_head = load_target_head(target_dir)  # embeddings and lm_head, shared by every draft
     for entry in config.drafts:
@@ -266,99 +165,113 @@ def _run_evaluation(config: EvalConfig) -> EvalResult:
         draft = loaded[entry.name] = by_source[key]
         if draft.train_config is not None and not entry.untrained:
             train_configs[entry.name] = draft.train_config
-    samples, data_info = load_heldout(
-        config, train_configs, {n: d.spec for n, d in loaded.items()}, target_dir
-    )
-    fit_frac = config.calibration.fit_fraction
-    fit_samples = [s for s in samples if in_calibration_split(s.sample_id, fit_frac)]
-    eval_samples = [s for s in samples if not in_calibration_split(s.sample_id, fit_frac)]
-    log.info("evaluating %s", kv(drafts=len(loaded), samples=len(samples), target=config.target))
+    return loaded, train_configs
 
+
+def _reference_target(run: _Evaluation):
+    """The HF reference target for the live loop and live calibration (built once,
+    when either is asked for), else None."""
+    config, loaded = run.config, run.loaded
+    if not (loaded and (config.live is not None or config.calibration.temperature > 0)):
+        return None
+    from pipeline.evaluate.sampling import HFVerifier
+
+    return HFVerifier(str(run.target_dir), next(iter(loaded.values())).spec.aux_layer_ids)
+
+
+def _offline_rows(run: _Evaluation, verifier) -> tuple[dict[str, dict], dict[str, Drafter]]:
+    """Every row of the report at T=0 (pipeline/evaluate/draft_row.py), a placeholder
+    for a draft without a checkpoint; and each evaluated row's drafter."""
+    from pipeline.drafts.load import make_drafter
+    from pipeline.evaluate.calibration import in_calibration_split
+
+    fit_frac = run.config.calibration.fit_fraction
+    fit_samples = [s for s in run.samples if in_calibration_split(s.sample_id, fit_frac)]
+    eval_samples = [s for s in run.samples if not in_calibration_split(s.sample_id, fit_frac)]
     drafts: dict[str, dict] = {}
     drafters: dict[str, Drafter] = {}
-    verifier = None  # the HF reference target, for the live loop (built once, when needed)
-    if loaded and (config.live is not None or config.calibration.temperature > 0):
-        from pipeline.evaluate.sampling import HFVerifier
-
-        verifier = HFVerifier(str(target_dir), next(iter(loaded.values())).spec.aux_layer_ids)
-    for entry in config.drafts:
-        if entry.name not in loaded:
+    for entry in run.config.drafts:
+        if entry.name not in run.loaded:
             drafts[entry.name] = {"available": False, "note": entry.note or "no checkpoint given"}
             continue
-        draft = loaded[entry.name]
+        draft = run.loaded[entry.name]
         drafter = drafters[entry.name] = make_drafter(entry.name, draft, use_heads=entry.use_heads)
         drafts[entry.name] = evaluate_draft(
-            config,
+            run.config,
             entry,
             draft,
             drafter,
-            draft_samples(fit_samples, data_info, draft.spec),
-            draft_samples(eval_samples, data_info, draft.spec),
+            draft_samples(fit_samples, run.data_info, draft.spec),
+            draft_samples(eval_samples, run.data_info, draft.spec),
             None if verifier is None else verifier.reading(draft.spec.aux_layer_ids),
         )
-    if config.live is not None and drafters:
-        from pipeline.evaluate.sampling import live_report
+    return drafts, drafters
 
-        prompts = _prompts(samples, config.live.num_prompts)
-        for name, drafter in drafters.items():
-            drafts[name]["live"] = {}
-            for temp in config.live.temperatures:
-                started = time.monotonic()
-                live = live_report(
-                    drafter=drafter,
-                    verifier=verifier.reading(loaded[name].spec.aux_layer_ids),
-                    samples=prompts,
-                    temperature=temp,
-                    max_new_tokens=config.live.max_new_tokens,
-                    seed=config.seed,
-                    samples_per_prompt=config.live.samples_per_prompt,
-                )
-                drafts[name]["live"][str(temp)] = live
-                log.info(
-                    "live T=%s %s",
-                    temp,
-                    kv(
-                        draft=name,
-                        tau=round(live["tau"], 3),
-                        macro=round(live["tau_macro"], 3),
-                        seconds=round(time.monotonic() - started),
-                    ),
-                )
-    if verifier is not None:
-        verifier.target.close()
 
-    report: dict[str, Any] = {"target": config.target, "data": data_info, "drafts": drafts}
-    report["seconds"] = round(time.monotonic() - started, 1)
-    json_path, md_path, plots = write_report(report, Path(config.out_dir))
-    if config.vllm is not None:
-        from pipeline.evaluate.vllm import check_against_vllm
+def _live_rows(
+    run: _Evaluation, drafts: dict[str, dict], drafters: dict[str, Drafter], verifier
+) -> None:
+    """Each drafter's live loop at every `live.temperatures` (rejection sampling against
+    the reference target), added to its row as `live`."""
+    from pipeline.evaluate.sampling import live_report
 
-        # Written first: a failed engine start must not lose the offline and live results.
-        vc = config.vllm
-        prompts = [
-            s.input_ids[: s.num_prompt_tokens].tolist() for s in _prompts(samples, vc.num_prompts)
-        ]
-        if vc.draft not in loaded:
-            raise ValueError(f"vllm.draft {vc.draft!r} has no export directory to serve")
-        report["vllm"] = check_against_vllm(
-            vc, loaded[vc.draft], prompts, str(target_dir)
-        ).to_dict()
-        report["seconds"] = round(time.monotonic() - started, 1)
-        json_path, md_path, plots = write_report(report, Path(config.out_dir))
-    if config.serving is not None:
-        from pipeline.evaluate.identity import IdentityMismatch
-
-        try:
-            report["serving"] = serve_drafts(
-                config, config.served_drafts(), loaded, samples, data_info, target_dir
+    live_config = run.config.live
+    prompts = round_robin_prompts(run.samples, live_config.num_prompts)
+    for name, drafter in drafters.items():
+        drafts[name]["live"] = {}
+        for temp in live_config.temperatures:
+            started = time.monotonic()
+            live = live_report(
+                drafter=drafter,
+                verifier=verifier.reading(run.loaded[name].spec.aux_layer_ids),
+                samples=prompts,
+                temperature=temp,
+                max_new_tokens=live_config.max_new_tokens,
+                seed=run.config.seed,
+                samples_per_prompt=live_config.samples_per_prompt,
             )
-        except IdentityMismatch as error:  # the report first, then the loud failure
-            report["serving"] = error.section  # type: ignore[attr-defined]
-            write_report(report, Path(config.out_dir))
-            raise
-        report["seconds"] = round(time.monotonic() - started, 1)
-        json_path, md_path, plots = write_report(report, Path(config.out_dir))
-    return EvalResult(Path(config.out_dir), report, json_path, md_path, plots)
+            drafts[name]["live"][str(temp)] = live
+            log.info(
+                "live T=%s %s",
+                temp,
+                kv(
+                    draft=name,
+                    tau=round(live["tau"], 3),
+                    macro=round(live["tau_macro"], 3),
+                    seconds=round(time.monotonic() - started),
+                ),
+            )
+
+
+def _vllm_check(run: _Evaluation) -> dict[str, Any]:
+    """The `vllm` section: the configured draft's tau in vLLM against its offline tau."""
+    from pipeline.evaluate.vllm import check_against_vllm
+
+    vc = run.config.vllm
+    prompts = [
+        s.input_ids[: s.num_prompt_tokens].tolist()
+        for s in round_robin_prompts(run.samples, vc.num_prompts)
+    ]
+    if vc.draft not in run.loaded:
+        raise ValueError(f"vllm.draft {vc.draft!r} has no export directory to serve")
+    return check_against_vllm(vc, run.loaded[vc.draft], prompts, str(run.target_dir)).to_dict()
+
+
+def _serving(run: _Evaluation, report: dict[str, Any]) -> dict[str, Any]:
+    """The `serving` section (`serve_drafts`); on an identity mismatch the report is
+    written with the failed section first, then the failure raised."""
+    from pipeline.evaluate.identity import IdentityMismatch
+    from pipeline.evaluate.report import write_report
+
+    config = run.config
+    try:
+        return serve_drafts(
+            config, config.served_drafts(), run.loaded, run.samples, run.data_info, run.target_dir
+        )
+    except IdentityMismatch as error:  # the report first, then the loud failure
+        report["serving"] = error.section  # type: ignore[attr-defined]
+        write_report(report, Path(config.out_dir))
+        raise
 
 
 def serve_drafts(
@@ -380,7 +293,7 @@ def serve_drafts(
 
     sc = config.serving
     assert sc is not None
-    picked = _prompts(samples, sc.num_prompts)
+    picked = round_robin_prompts(samples, sc.num_prompts)
     exports = {n: loaded[n].export_dir if n in loaded else None for n in names}
     offline = {}
     for name, export in exports.items():
@@ -400,97 +313,6 @@ def serve_drafts(
         out_dir=Path(config.out_dir),
         offline_tau=offline,
     )
-
-
-def evaluate_draft(
-    config: EvalConfig,
-    entry: DraftEntry,
-    draft: LoadedDraft,
-    drafter: Drafter,
-    fit_samples: list[TrainingSample],
-    eval_samples: list[TrainingSample],
-    verifier=None,
-) -> dict[str, Any]:
-    """One draft's row: the exact offline walk at T=0 over all held-out samples and, for
-    a confidence head, calibration fitted on `fit_samples`, reported on `eval_samples`,
-    at the temperature it will serve (`calibration.temperature`; > 0: events of the
-    live loop against `verifier`, the truncation sweep then omitted: it walks at T=0)."""
-    from pipeline.evaluate.calibration import (
-        calibration_metrics,
-        conditional_events,
-        fit_calibration,
-        truncation_sweep,
-    )
-    from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
-
-    n = drafter.num_draft_tokens
-    fit_tables = build_tables(fit_samples, drafter)
-    eval_tables = build_tables(eval_samples, drafter)
-    tables = fit_tables + eval_tables
-    result: dict[str, Any] = {
-        "available": True,
-        "source": str(draft.source),
-        "untrained": entry.untrained,
-        "kind": draft.spec.kind,
-        "use_heads": entry.use_heads,
-        "block_size": draft.spec.block_size,
-        "aux_layer_ids": list(draft.spec.aux_layer_ids),  # the layers it reads
-        "sample_from_anchor": draft.spec.sample_from_anchor,
-        "offline_t0": summarize_rounds(
-            rounds=walk_tables(tables, num_draft_tokens=n),
-            num_samples=len(tables),
-            sample_ids=[t.sample_id for t in tables],
-        ).to_dict(),
-    }
-    if entry.note:
-        result["note"] = entry.note
-    calibrate = config.calibration.enabled and drafter.has_confidence and not entry.untrained
-    if calibrate and fit_tables and eval_tables:
-        cc = config.calibration
-        if cc.temperature > 0:
-            from pipeline.evaluate.sampling import live_calibration_events
-
-            def events(samples, seed):
-                return live_calibration_events(
-                    drafter=drafter,
-                    verifier=verifier,
-                    samples=_prompts(samples, cc.num_prompts),
-                    temperature=cc.temperature,
-                    max_new_tokens=cc.max_new_tokens,
-                    seed=seed,
-                )
-
-            fit_events, eval_events = (
-                events(fit_samples, config.seed),
-                events(eval_samples, config.seed + 1),
-            )
-            num_fit = min(len(fit_samples), cc.num_prompts)
-        else:
-            fit_events, eval_events = (
-                conditional_events(fit_tables, n),
-                conditional_events(eval_tables, n),
-            )
-            num_fit = len(fit_tables)
-        cal = fit_calibration(fit_events, num_samples=num_fit, sampling_temperature=cc.temperature)
-        result["calibration"] = {
-            "temperatures": [round(t, 4) for t in cal.temperatures],
-            "sampling_temperature": cc.temperature,
-            "fit_samples": num_fit,
-            "eval_samples": len(eval_tables),
-            "metrics": calibration_metrics(eval_events, cal),
-        }
-        if cc.temperature == 0:
-            result["truncation"] = truncation_sweep(
-                eval_tables,
-                calibration=cal,
-                thresholds=cc.thresholds,
-                num_draft_tokens=n,
-            )
-        if cc.store and draft.export_dir is not None:
-            result["calibration"]["stored"] = str(cal.save(draft.export_dir))
-    offline = result["offline_t0"]
-    log.info("offline T=0 %s", kv(draft=entry.name, tau=offline["tau"], macro=offline["tau_macro"]))
-    return result
 
 
 def demo_report(

@@ -143,32 +143,144 @@ def plan_capacity(
     train_gpu_tflops: Figure,
 ) -> CapacityPlan:
     warnings: list[str] = []
+    size = _stored_size(corpus, target, shape, assume, codec_ratio)
+    rate = _regeneration_rate(size, shape, assume, codec_ratio, encode_mbps, replica_tok_s)
+    admitted = _admitted_requests(corpus, shape, size, warnings)
+    _check_encode_cores(shape, rate, replica_tok_s, warnings)
+    objects = _objects(corpus, shape, assume, size, rate.days)
+    weights, hbm = _replica_memory(target, shape, gpu_memory_gb, warnings)
+    positions, flops, train_hours = _training(corpus, target, shape, assume, train_gpu_tflops)
+    return CapacityPlan(
+        num_samples=size.rows,
+        num_tokens=size.tokens,
+        num_answer_tokens=size.answers,
+        raw_bytes_per_token=size.raw_bpt,
+        codec_ratio=codec_ratio,
+        hidden_state_bytes=size.hidden_bytes,
+        token_bytes=size.token_bytes,
+        shard_footer_bytes=size.footers,
+        stored_bytes=size.stored,
+        num_shards=size.shards,
+        mean_shard_bytes=size.stored / size.shards,
+        replica_tok_s=replica_tok_s,
+        captured_tok_s=rate.captured,
+        raw_hidden_bytes_per_s=rate.raw_rate,
+        stored_bytes_per_s=rate.stored_rate,
+        encode_mbps_per_core=encode_mbps,
+        encode_cores=rate.cores,
+        replica_hours=rate.hours,
+        regen_gpu_hours=rate.gpu_hours,
+        wall_days=rate.days,
+        num_replicas=shape.num_replicas,
+        num_versions=objects.versions,
+        num_segments=objects.segments,
+        manifest_bytes=objects.manifests,
+        num_error_objects=objects.errors,
+        num_objects=objects.objects,
+        weight_bytes=weights,
+        gpu_memory_gb=gpu_memory_gb,
+        replica_hbm_bytes=hbm,
+        admitted_requests=admitted,
+        train_tokens=size.tokens * assume.train_epochs,
+        train_positions=positions,
+        train_flops=flops,
+        train_gpu_tflops=train_gpu_tflops,
+        train_gpu_hours=train_hours,
+        warnings=warnings,
+    )
+
+
+@dataclass(frozen=True)
+class _Size:
+    """What one version stores: rows, tokens, bytes by part, shards."""
+
+    rows: int
+    tokens: float
+    answers: float
+    raw_bpt: int  # captured bytes per token in memory (aux layers + final, bf16)
+    hidden_bytes: float
+    token_bytes: float
+    shards: int
+    footers: float
+    stored: float
+
+
+def _stored_size(
+    corpus: CorpusStats,
+    target: TargetStats,
+    shape: RunShape,
+    assume: Assumptions,
+    codec_ratio: Figure,
+) -> _Size:
     rows = corpus.num_samples
     tokens = rows * (corpus.prompt_tokens + corpus.answer_tokens)
-    answers = rows * corpus.answer_tokens
     raw_bpt = (shape.num_aux_layers + 1) * target.hidden_size * BF16
     hidden_bytes = tokens * raw_bpt * codec_ratio.value
     token_bytes = tokens * assume.token_bytes
     shards = max(1, round(expected_nonempty(shape.num_units, corpus.num_conversations)))
     footers = shards * assume.shard_footer_bytes
-    stored = hidden_bytes + token_bytes + footers
+    return _Size(
+        rows=rows,
+        tokens=tokens,
+        answers=rows * corpus.answer_tokens,
+        raw_bpt=raw_bpt,
+        hidden_bytes=hidden_bytes,
+        token_bytes=token_bytes,
+        shards=shards,
+        footers=footers,
+        stored=hidden_bytes + token_bytes + footers,
+    )
 
-    captured = raw_rate = stored_rate = cores = hours = gpu_hours_regen = days = None
-    if replica_tok_s is not None:
-        captured = replica_tok_s.value * tokens / answers
-        raw_rate = captured * raw_bpt
-        stored_rate = raw_rate * codec_ratio.value + captured * assume.token_bytes
-        cores = raw_rate / (encode_mbps.value * 1e6)
-        hours = answers / replica_tok_s.value / 3600
-        gpu_hours_regen = hours * shape.gpus_per_replica if shape.gpus_per_replica else None
-        days = hours / shape.num_replicas / 24
 
+@dataclass(frozen=True)
+class _Rate:
+    """A replica's capture and encode rates, the regeneration's time (None: no tok/s)."""
+
+    captured: float | None = None
+    raw_rate: float | None = None
+    stored_rate: float | None = None
+    cores: float | None = None
+    hours: float | None = None
+    gpu_hours: float | None = None
+    days: float | None = None
+
+
+def _regeneration_rate(
+    size: _Size,
+    shape: RunShape,
+    assume: Assumptions,
+    codec_ratio: Figure,
+    encode_mbps: Figure,
+    replica_tok_s: Figure | None,
+) -> _Rate:
+    if replica_tok_s is None:
+        return _Rate()
+    captured = replica_tok_s.value * size.tokens / size.answers
+    raw_rate = captured * size.raw_bpt
+    hours = size.answers / replica_tok_s.value / 3600
+    return _Rate(
+        captured=captured,
+        raw_rate=raw_rate,
+        stored_rate=raw_rate * codec_ratio.value + captured * assume.token_bytes,
+        cores=raw_rate / (encode_mbps.value * 1e6),
+        hours=hours,
+        gpu_hours=hours * shape.gpus_per_replica if shape.gpus_per_replica else None,
+        days=hours / shape.num_replicas / 24,
+    )
+
+
+def _admitted_requests(
+    corpus: CorpusStats, shape: RunShape, size: _Size, warnings: list[str]
+) -> int:
+    """The requests the feeder's capture-memory bound admits at once; warns when they
+    fall short of what it keeps in the engine, or a unit's rows outgrow the bound."""
     # The feeder's bound covers the raw rows every request in flight reserves (its
     # prompt + answer budget) and the encoded rows of units not written yet (about
     # half a shard per unit in flight, on average; past half the bound they spill
     # to local disk, so never more than that).
+    stored, shards = size.stored, size.shards
     budget = min(corpus.prompt_tokens + shape.max_new_tokens, shape.max_model_len)
-    per_request = budget * raw_bpt
+    per_request = budget * size.raw_bpt
     unfinished = shape.units_in_flight * stored / shards / 2
     held = min(unfinished, shape.max_capture_bytes / 2)
     admitted = max(0, int((shape.max_capture_bytes - held) // per_request))
@@ -180,7 +292,7 @@ def plan_capacity(
         warnings.append(
             f"regenerate.max_capture_memory_mb={shape.max_capture_bytes >> 20} admits "
             f"{admitted} request(s) at once (each reserves {budget:.0f} tokens x "
-            f"{raw_bpt / 1e3:.1f} KB of rows; units not yet written hold ~{held / 1e9:.1f} GB), "
+            f"{size.raw_bpt / 1e3:.1f} KB of rows; units not yet written hold ~{held / 1e9:.1f} GB), "
             f"fewer than the {wanted} the feeder keeps in the engine: set it to {need_mb} or "
             "more (host memory of the tray of bundle 0), or lower generation.max_new_tokens "
             "or regenerate.max_requests_in_flight"
@@ -192,6 +304,14 @@ def plan_capacity(
             "they wait in local spill files (regenerate.writeback.spill_dir), so give that disk room for "
             "the units in flight, or lower regenerate.conversations_per_unit"
         )
+    return admitted
+
+
+def _check_encode_cores(
+    shape: RunShape, rate: _Rate, replica_tok_s: Figure | None, warnings: list[str]
+) -> None:
+    """Warns when encoding a replica's rows needs more cores than its encode workers."""
+    cores = rate.cores
     if cores is not None and cores > shape.num_encode_workers:
         assert replica_tok_s is not None
         capped = replica_tok_s.value * shape.num_encode_workers / cores
@@ -201,6 +321,22 @@ def plan_capacity(
             f"tok/s; set num_encode_workers to {math.ceil(cores * 1.25)} (and replicas.num_cpus)"
         )
 
+
+@dataclass(frozen=True)
+class _Objects:
+    """The versions a run commits and the objects and manifest bytes they leave."""
+
+    versions: int
+    segments: int
+    manifests: float
+    errors: int
+    objects: int
+
+
+def _objects(
+    corpus: CorpusStats, shape: RunShape, assume: Assumptions, size: _Size, days: float | None
+) -> _Objects:
+    shards = size.shards
     # Versions: a commit every `commit_every_units` units or `commit_every_seconds`.
     versions = math.ceil(shards / shape.commit_every_units)
     if days is not None:
@@ -222,7 +358,14 @@ def plan_capacity(
     # A shard and its sample-id sidecar; a root and its segments per version;
     # `_latest`, the writer lease and the dataset card.
     objects = 2 * shards + versions + segments + 3 + errors
+    return _Objects(versions, segments, manifests, errors, objects)
 
+
+def _replica_memory(
+    target: TargetStats, shape: RunShape, gpu_memory_gb: Figure | None, warnings: list[str]
+) -> tuple[float | None, float | None]:
+    """(the target's weight bytes, a replica's GPU memory bytes); warns when the weights
+    leave under 10% of it for the KV cache."""
     weights = hbm = None
     if target.params is not None:
         weights = target.params * shape.weight_bytes_per_param
@@ -233,7 +376,18 @@ def plan_capacity(
                 f"the weights ({weights / 1e12:.1f} TB) leave under 10% of a replica's "
                 f"{hbm / 1e12:.1f} TB of GPU memory for the KV cache"
             )
+    return weights, hbm
 
+
+def _training(
+    corpus: CorpusStats,
+    target: TargetStats,
+    shape: RunShape,
+    assume: Assumptions,
+    train_gpu_tflops: Figure,
+) -> tuple[float, float | None, float | None]:
+    """(drafted positions trained on over the epochs, training FLOPs, draft GPU-hours)."""
+    rows = corpus.num_samples
     flops_row = draft_flops_per_row(
         target, assume, shape.num_aux_layers, corpus.prompt_tokens, corpus.answer_tokens
     )
@@ -242,41 +396,4 @@ def plan_capacity(
     if train_flops is not None:
         gpu_hours = train_flops / (train_gpu_tflops.value * 1e12 * assume.train_mfu) / 3600
     slots = min(assume.num_anchors, corpus.answer_tokens) * assume.block_size
-    return CapacityPlan(
-        num_samples=rows,
-        num_tokens=tokens,
-        num_answer_tokens=answers,
-        raw_bytes_per_token=raw_bpt,
-        codec_ratio=codec_ratio,
-        hidden_state_bytes=hidden_bytes,
-        token_bytes=token_bytes,
-        shard_footer_bytes=footers,
-        stored_bytes=stored,
-        num_shards=shards,
-        mean_shard_bytes=stored / shards,
-        replica_tok_s=replica_tok_s,
-        captured_tok_s=captured,
-        raw_hidden_bytes_per_s=raw_rate,
-        stored_bytes_per_s=stored_rate,
-        encode_mbps_per_core=encode_mbps,
-        encode_cores=cores,
-        replica_hours=hours,
-        regen_gpu_hours=gpu_hours_regen,
-        wall_days=days,
-        num_replicas=shape.num_replicas,
-        num_versions=versions,
-        num_segments=segments,
-        manifest_bytes=manifests,
-        num_error_objects=errors,
-        num_objects=objects,
-        weight_bytes=weights,
-        gpu_memory_gb=gpu_memory_gb,
-        replica_hbm_bytes=hbm,
-        admitted_requests=admitted,
-        train_tokens=tokens * assume.train_epochs,
-        train_positions=slots * rows * assume.train_epochs,
-        train_flops=train_flops,
-        train_gpu_tflops=train_gpu_tflops,
-        train_gpu_hours=gpu_hours,
-        warnings=warnings,
-    )
+    return slots * rows * assume.train_epochs, train_flops, gpu_hours

@@ -29,6 +29,7 @@ from pipeline.plan.capacity import (
 from pipeline.plan.inputs import (
     Assumptions,
     CorpusStats,
+    PlanInputs,
     TargetStats,
     build,
     check_keys,
@@ -89,11 +90,41 @@ def make_plan(
     replica_tok_s: float | None = None,
 ) -> PlanReport:
     """The capacity plan of `config` with whatever inputs are given or can be read."""
-    from pipeline.plan.corpus_stats import corpus_is_local, measure_corpus, measure_target
-
     inputs = load_inputs(inputs_path)
     where = str(inputs_path) if inputs_path else "command line"
     report = PlanReport(config_source)
+    specs = _checked_specs(inputs, where, corpus_spec, target_spec, assume_spec)
+    _read_corpus_and_target(config, inputs, specs, where, report)
+    origin = _read_assumptions(inputs, specs, where, replica_tok_s, report)
+    if report.corpus is None or report.target is None:
+        return report
+
+    report.shape = run_shape(
+        config, report.corpus, report.target, report.assume, num_replicas or inputs.num_replicas
+    )
+    report.capacity = plan_capacity(
+        report.corpus,
+        report.target,
+        report.shape,
+        report.assume,
+        **_picked_figures(config, report, origin, where),
+    )
+    if report.capacity.replica_tok_s is None:
+        report.missing.append(
+            "replica throughput (--replica-tok-s: generated tok/s of one replica, capturing); "
+            "no measured figure for this setup, so no data rates or time"
+        )
+    return report
+
+
+def _checked_specs(
+    inputs: PlanInputs,
+    where: str,
+    corpus_spec: str | None,
+    target_spec: str | None,
+    assume_spec: str | None,
+) -> dict[str, dict[str, Any]]:
+    """The inline specs parsed; their keys and the inputs file's checked per section."""
     specs = {
         "corpus": parse_spec(corpus_spec, "--corpus-stats"),
         "target": parse_spec(target_spec, "--target-stats"),
@@ -102,6 +133,19 @@ def make_plan(
     for name, model in (("corpus", CorpusStats), ("target", TargetStats), ("assume", Assumptions)):
         check_keys(model, getattr(inputs, name), f"{where}: {name}")
         check_keys(model, specs[name], f"--{name}-stats" if name != "assume" else "--assume")
+    return specs
+
+
+def _read_corpus_and_target(
+    config: PipelineConfig,
+    inputs: PlanInputs,
+    specs: dict[str, dict[str, Any]],
+    where: str,
+    report: PlanReport,
+) -> None:
+    """The report's corpus and target stats: the given keys over what a local corpus or
+    target reads (None, named in `missing`, when neither has them all)."""
+    from pipeline.plan.corpus_stats import corpus_is_local, measure_corpus, measure_target
 
     given = {**inputs.corpus, **specs["corpus"]}
     report.corpus = _section(
@@ -123,20 +167,33 @@ def make_plan(
         "vocab_size=..): the target's files are not on this machine",
         report=report,
     )
+
+
+def _read_assumptions(
+    inputs: PlanInputs,
+    specs: dict[str, dict[str, Any]],
+    where: str,
+    replica_tok_s: float | None,
+    report: PlanReport,
+) -> dict[str, str]:
+    """The report's assumptions (file, then --assume, then --replica-tok-s); where each
+    given key came from."""
     origin = {key: where for key in inputs.assume} | {key: "--assume" for key in specs["assume"]}
     assume_data = {**inputs.assume, **specs["assume"]}
     if replica_tok_s is not None:
         assume_data["replica_tok_s"] = replica_tok_s
         origin["replica_tok_s"] = "--replica-tok-s"
     report.assume = build(Assumptions, assume_data, f"{where}: assume")
-    if report.corpus is None or report.target is None:
-        return report
+    return origin
 
-    shape = run_shape(
-        config, report.corpus, report.target, report.assume, num_replicas or inputs.num_replicas
-    )
-    report.shape = shape
-    assume = report.assume
+
+def _picked_figures(
+    config: PipelineConfig, report: PlanReport, origin: dict[str, str], where: str
+) -> dict[str, figures.Figure | None]:
+    """The figures plan_capacity takes: each user's figure (an assumption, labelled as
+    one) over the project's default; every assumed one listed in `report.assumptions`."""
+    assume, shape = report.assume, report.shape
+    assert shape is not None
     toy = config.target.model.startswith("toy:")
 
     def pick(key: str, default: figures.Figure | None) -> figures.Figure | None:
@@ -162,23 +219,13 @@ def make_plan(
         value = getattr(assume, key)
         label = f"ASSUMPTION, {origin.get(key, 'default')}"
         report.assumptions.append((key, figures.Figure(value, label, True)))
-    report.capacity = plan_capacity(
-        report.corpus,
-        report.target,
-        shape,
-        assume,
-        codec_ratio=ratio,
-        encode_mbps=encode,
-        replica_tok_s=tok_s,
-        gpu_memory_gb=memory,
-        train_gpu_tflops=tflops,
-    )
-    if report.capacity.replica_tok_s is None:
-        report.missing.append(
-            "replica throughput (--replica-tok-s: generated tok/s of one replica, capturing); "
-            "no measured figure for this setup, so no data rates or time"
-        )
-    return report
+    return {
+        "codec_ratio": ratio,
+        "encode_mbps": encode,
+        "replica_tok_s": tok_s,
+        "gpu_memory_gb": memory,
+        "train_gpu_tflops": tflops,
+    }
 
 
 def _gpu_memory(assume: Assumptions, where: str) -> figures.Figure | None:

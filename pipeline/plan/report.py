@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.plan.capacity import CapacityPlan, RunShape
+    from pipeline.plan.inputs import Assumptions, CorpusStats, TargetStats
 
 # `report` below is a `planner.PlanReport`; not imported, since the planner
 # renders itself through this module.
+
+Row = tuple[str, str, str]  # (figure, value, how it was computed or where it came from)
 
 
 def human_bytes(n: float) -> str:
@@ -29,10 +35,21 @@ def num(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _rows(report: Any) -> list[tuple[str, str, str]]:
+def _rows(report: Any) -> list[Row]:
     c, t, a, s, p = report.corpus, report.target, report.assume, report.shape, report.capacity
     assert c is not None and t is not None and s is not None and p is not None
-    rows: list[tuple[str, str, str]] = [("inputs", "", "")]
+    return [
+        *_input_rows(c, t, s, p),
+        *_storage_rows(t, a, s, p),
+        *_replica_rows(s, p),
+        *_memory_rows(s, p),
+        *_training_rows(a, p),
+    ]
+
+
+def _input_rows(c: CorpusStats, t: TargetStats, s: RunShape, p: CapacityPlan) -> list[Row]:
+    """The corpus, target, captured layers and replicas the plan is for."""
+    rows: list[Row] = [("inputs", "", "")]
     rows.append(
         (
             "corpus",
@@ -67,7 +84,12 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
             tok_s.source if tok_s else "config: replicas",
         )
     )
-    rows += [("storage per version", "", "")]
+    return rows
+
+
+def _storage_rows(t: TargetStats, a: Assumptions, s: RunShape, p: CapacityPlan) -> list[Row]:
+    """What one version stores: bytes by part, shards, manifests, objects."""
+    rows: list[Row] = [("storage per version", "", "")]
     rows.append(("tokens", human_count(p.num_tokens), "samples x (prompt + answer)"))
     rows.append(
         (
@@ -110,7 +132,12 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
             f"{p.num_error_objects} error files",
         )
     )
-    rows.append(("per replica", "", ""))
+    return rows
+
+
+def _replica_rows(s: RunShape, p: CapacityPlan) -> list[Row]:
+    """A replica's requests in flight, data rates and (with a tok/s) the run's time."""
+    rows: list[Row] = [("per replica", "", "")]
     rows.append(
         (
             "requests in flight",
@@ -156,6 +183,12 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
                 )
             )
         rows.append(("wall days", num(p.wall_days), f"on {s.num_replicas} replica(s)"))
+    return rows
+
+
+def _memory_rows(s: RunShape, p: CapacityPlan) -> list[Row]:
+    """The weights against a replica's GPU memory (nothing when either is unknown)."""
+    rows: list[Row] = []
     if p.weight_bytes is not None and p.replica_hbm_bytes and p.gpu_memory_gb is not None:
         rows.append(("replica memory", "", ""))
         rows.append(
@@ -166,7 +199,12 @@ def _rows(report: Any) -> list[tuple[str, str, str]]:
                 f"({p.gpu_memory_gb.source})",
             )
         )
-    rows.append(("draft training", "", ""))
+    return rows
+
+
+def _training_rows(a: Assumptions, p: CapacityPlan) -> list[Row]:
+    """The draft's training tokens, drafted positions and GPU-hours."""
+    rows: list[Row] = [("draft training", "", "")]
     rows.append(
         (
             "training tokens",

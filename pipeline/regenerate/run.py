@@ -208,16 +208,38 @@ def run_regenerate(
     failed, before the error is raised). `refresh`: also regenerate changed
     samples and tombstone removed ones (regenerate/refresh.py).
     """
-    from pipeline.regenerate.driver.pool import close_replicas, init_ray, start_replicas
-
     started = time.monotonic()
     run, sink, summary, todo = _start(config, refresh=refresh, lease_wait_s=lease_wait_s)
     if not todo:
-        summary.seconds = time.monotonic() - started
-        if summary_json is not None:
-            summary.write_json(summary_json)
+        _finish(summary, started, summary_json)
         return summary
     spec = UnitSpec.from_config(config, run.provenance)
+    actors, ready = _start_replicas(config, sink, summary)
+    _regenerate_units(config, spec, todo, actors, ready, sink, summary, show_progress)
+    summary.version = sink.on_write_complete()
+    _finish(summary, started, summary_json)
+    if summary.units_failed:
+        raise RegenerateError(
+            f"{len(summary.units_failed)} unit(s) failed: {', '.join(summary.units_failed)} "
+            f"(reasons in the log); the {summary.units_done} finished units are committed "
+            f"(version {summary.version}); rerun to retry the rest"
+        )
+    return summary
+
+
+def _finish(summary: RunSummary, started: float, summary_json: str | Path | None) -> None:
+    """The run's wall time; the summary written where asked."""
+    summary.seconds = time.monotonic() - started
+    if summary_json is not None:
+        summary.write_json(summary_json)
+
+
+def _start_replicas(
+    config: PipelineConfig, sink: DatasetSink, summary: RunSummary
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Ray up and every replica's engine started: (actors, what each reported ready)."""
+    from pipeline.regenerate.driver.pool import init_ray, start_replicas
+
     try:  # a failed start still releases the writer lease and the dataset's session
         init_ray(config.ray)
         engines = time.monotonic()
@@ -241,12 +263,15 @@ def run_regenerate(
             requests_in_flight_each=ready[0]["max_requests_in_flight"],
         ),
     )
-    # Rates count from here: every engine is up.
-    planned = planned_samples(todo, config.regenerate.turns)
-    progress = Progress(sum(planned.values()), show_progress)
-    steady = time.monotonic()
+    return actors, ready
+
+
+def _scheduler(
+    config: PipelineConfig, actors: list[Any], ready: list[dict[str, Any]], spec: UnitSpec
+) -> UnitScheduler:
+    """Units handed to the replicas as each asks for more, with the run's limits."""
     regen = config.regenerate
-    scheduler = UnitScheduler(
+    return UnitScheduler(
         actors,
         [info["units_wanted"] for info in ready],
         lambda actor, unit: actor.regenerate.remote(unit, spec),
@@ -259,6 +284,27 @@ def run_regenerate(
         hunger=lambda actor: actor.hungry.remote(),
         ceilings=[info["max_units"] for info in ready],
     )
+
+
+def _regenerate_units(
+    config: PipelineConfig,
+    spec: UnitSpec,
+    todo: list[WorkUnit],
+    actors: list[Any],
+    ready: list[dict[str, Any]],
+    sink: DatasetSink,
+    summary: RunSummary,
+    show_progress: bool,
+) -> None:
+    """Every unit of `todo` through the replicas, each written shard handed to the sink;
+    failures and the replicas' statistics into `summary`; the replicas closed after."""
+    from pipeline.regenerate.driver.pool import close_replicas
+
+    # Rates count from here: every engine is up.
+    planned = planned_samples(todo, config.regenerate.turns)
+    progress = Progress(sum(planned.values()), show_progress)
+    steady = time.monotonic()
+    scheduler = _scheduler(config, actors, ready, spec)
 
     def on_done(unit: WorkUnit, result: UnitResult) -> None:
         sink.on_unit_written(result.shard, unit_inputs(unit, config.regenerate.turns))
@@ -281,17 +327,6 @@ def run_regenerate(
     finally:
         progress.close()
         close_replicas(actors)
-    summary.version = sink.on_write_complete()
-    summary.seconds = time.monotonic() - started
-    if summary_json is not None:
-        summary.write_json(summary_json)
-    if summary.units_failed:
-        raise RegenerateError(
-            f"{len(summary.units_failed)} unit(s) failed: {', '.join(summary.units_failed)} "
-            f"(reasons in the log); the {summary.units_done} finished units are committed "
-            f"(version {summary.version}); rerun to retry the rest"
-        )
-    return summary
 
 
 def planned_samples(units: list[WorkUnit], turns: str) -> dict[str, int]:

@@ -138,7 +138,6 @@ def check_against_target(
     positions (the forward is causal, so a prefix is exact).
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
     from pipeline.table.reader import ShardReader
     from pipeline.targets.identity import weights_revision
@@ -149,10 +148,7 @@ def check_against_target(
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     reader = ShardReader(uri, version=version, prefetch=0, endpoint_url=endpoint_url)
     prov = reader.manifest.provenance
-    ids = sorted(_live_sample_ids(reader))
-    if not ids:
-        raise ValueError(f"{reader.dataset.uri} version {reader.version} has no live samples")
-    chosen = random.Random(seed).sample(ids, min(num_samples, len(ids)))
+    chosen = _chosen_samples(reader, num_samples, seed)
 
     ref = target or prov.target_name
     revision = _revision(prov.target_revision)
@@ -177,13 +173,7 @@ def check_against_target(
             f"{prov.target_revision} ({prov.target_name}); pass --target naming those weights"
         )
         return report
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the check prints its table; no loading bar before it
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, revision=revision, dtype=torch.float32
-    ).to(device)
-    model.eval()
+    model = _load_target(model_dir, revision, device)
     text = getattr(model.config, "text_config", model.config)
     num_layers, hidden = int(text.num_hidden_layers), int(text.hidden_size)
     if hidden != prov.hidden_size:
@@ -195,31 +185,68 @@ def check_against_target(
     candidates = [_stream_name(c) for c in range(num_layers + 1)] + [FINAL]
     acc = _Accumulator(names, candidates)
     for sid in chosen:
-        sample = reader.get(sid)
-        n = min(len(sample.input_ids) - 1, max_tokens)  # the last row is never fed
-        if n < 1:
-            continue
-        streams = _recompute(model, sample.input_ids[:n].to(device), num_layers)
-        stored = sample.hidden_states[:n].float().to(device).split(hidden, dim=-1)
-        acc.add(list(stored) + [sample.last_hidden_state[:n].float().to(device)], streams)
+        _compare_sample(acc, model, reader.get(sid), device, num_layers, hidden, max_tokens)
     report.num_samples, report.num_positions = len(chosen), acc.positions
     report.streams = acc.result()
-    for check in report.streams:
+    report.problems += _problems(report.streams, tolerance, candidates)
+    return report
+
+
+def _chosen_samples(reader, num_samples: int, seed: int) -> list[str]:
+    """`num_samples` of the version's live samples, drawn with `seed`."""
+    ids = sorted(_live_sample_ids(reader))
+    if not ids:
+        raise ValueError(f"{reader.dataset.uri} version {reader.version} has no live samples")
+    return random.Random(seed).sample(ids, min(num_samples, len(ids)))
+
+
+def _load_target(model_dir, revision: str | None, device: str):
+    """The target in float32 on `device`, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the check prints its table; no loading bar before it
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, revision=revision, dtype=torch.float32
+    ).to(device)
+    model.eval()
+    return model
+
+
+def _compare_sample(
+    acc: _Accumulator, model, sample, device: str, num_layers: int, hidden: int, max_tokens: int
+) -> None:
+    """One sample's stored streams against the recomputed ones, up to `max_tokens`."""
+    n = min(len(sample.input_ids) - 1, max_tokens)  # the last row is never fed
+    if n < 1:
+        return
+    streams = _recompute(model, sample.input_ids[:n].to(device), num_layers)
+    stored = sample.hidden_states[:n].float().to(device).split(hidden, dim=-1)
+    acc.add(list(stored) + [sample.last_hidden_state[:n].float().to(device)], streams)
+
+
+def _problems(
+    streams: list[StreamCheck], tolerance: TargetCheckTolerance, candidates: list[str]
+) -> list[str]:
+    """Each stream past the tolerance, or closer to another recomputed stream than its own."""
+    problems = []
+    for check in streams:
         if check.rel_error > tolerance.max_rel_error:
-            report.problems.append(
+            problems.append(
                 f"{check.name}: relative error {check.rel_error:.4f} > {tolerance.max_rel_error}"
             )
         if check.min_cosine < tolerance.min_cosine:
-            report.problems.append(
+            problems.append(
                 f"{check.name}: min cosine {check.min_cosine:.5f} < {tolerance.min_cosine}"
             )
         if check.nearest != check.name:
-            report.problems.append(
+            problems.append(
                 f"{check.name} is closer to the recomputed {check.nearest} (rel.err "
                 f"{check.nearest_rel_error:.4f}) than to its own ({check.rel_error:.4f}): "
                 + _diagnosis(candidates, check.name, check.nearest)
             )
-    return report
+    return problems
 
 
 def _diagnosis(candidates: list[str], name: str, nearest: str) -> str:

@@ -22,15 +22,12 @@ Streams retry like every other call (`RetryPolicy`, transient errors only):
   (data files never change, so that is damage, not a retry).
 
 Credentials and endpoints: see the package docstring (`pipeline/storage/__init__.py`).
-(Over 400 lines: the upload, the resuming read and their retry recognition share
-the client and its error mapping; split apart they would import each other.)
+The upload and the resuming read are pipeline/storage/s3_streams.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -41,14 +38,17 @@ from pipeline.storage.base import (
     ObjectInfo,
     PreconditionFailed,
     RetryPolicy,
-    StorageError,
     UploadInfo,
     check_key,
-    client_error,
+)
+from pipeline.storage.s3_streams import (
+    PART_BYTES,
+    ResumableRead,
+    Upload,
+    is_precondition_failure,
 )
 
-PART_BYTES = 16 << 20  # multipart part size (S3's minimum is 5 MiB except the last)
-
+__all__ = ["PART_BYTES", "S3Storage"]
 
 # A connection to an S3 endpoint opens in milliseconds; past this, the try fails
 # and `RetryPolicy` tries again.
@@ -146,22 +146,22 @@ class S3Storage:
 
     def open_read(self, key: str) -> BinaryIO:
         """A seekable read stream that resumes at its offset after a transient error."""
-        return _ResumableRead(self, key)  # type: ignore[return-value]
+        return ResumableRead(self, key)  # type: ignore[return-value]
 
     @contextlib.contextmanager
     def open_write(self, key: str) -> Iterator[BinaryIO]:
         """All or nothing, replacing an existing object (side files, never data files)."""
-        with self._upload(_Upload(self, key, create_only=False)) as f:
+        with self._upload(Upload(self, key, create_only=False)) as f:
             yield f
 
     @contextlib.contextmanager
     def open_create(self, key: str) -> Iterator[BinaryIO]:
         """All or nothing, create-only: `AlreadyExists` if the name was taken first."""
-        with self._upload(_Upload(self, key, create_only=True)) as f:
+        with self._upload(Upload(self, key, create_only=True)) as f:
             yield f
 
     @contextlib.contextmanager
-    def _upload(self, upload: _Upload) -> Iterator[BinaryIO]:
+    def _upload(self, upload: Upload) -> Iterator[BinaryIO]:
         # Small files go up in one PUT at close, large ones as a multipart upload
         # completed at close: either way nothing is visible before close.
         try:
@@ -220,7 +220,7 @@ class S3Storage:
                     "put_object", Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
                 )
             except Exception as err:
-                if _precondition(err):
+                if is_precondition_failure(err):
                     raise AlreadyExists(f"{self.url(key)} already exists") from None
                 raise
 
@@ -252,7 +252,7 @@ class S3Storage:
                     "put_object", Bucket=self.bucket, Key=self._key(key), Body=data, **cond
                 )
             except Exception as err:
-                if _precondition(err):
+                if is_precondition_failure(err):
                     raise PreconditionFailed(
                         f"{self.url(key)} changed (expected ETag {tag})"
                     ) from None
@@ -296,220 +296,6 @@ class S3Storage:
             url = urlparse(self.endpoint_url)
             kwargs = {"endpoint_override": url.netloc, "scheme": url.scheme or "https"}
         return pafs.S3FileSystem(**kwargs), f"{self.bucket}/{self.prefix}".rstrip("/")
-
-
-class _Upload:
-    """A write-only file object: buffered parts, published at `finish` (create-only or not)."""
-
-    def __init__(self, storage: S3Storage, key: str, *, create_only: bool) -> None:
-        self._s3 = storage
-        self._key = storage._key(key)
-        self._url = storage.url(key)
-        self._cond = {"IfNoneMatch": "*"} if create_only else {}
-        self._buffer = bytearray()
-        self._upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
-        self.closed = False
-
-    def _call(self, op: str, **kwargs: Any) -> Any:
-        s3 = self._s3
-        return s3.retry.call(
-            f"{op} {self._url}",
-            lambda: s3.fs.call_s3(op, Bucket=s3.bucket, Key=self._key, **kwargs),
-        )
-
-    def write(self, data: bytes | memoryview) -> int:
-        self._buffer += data
-        while len(self._buffer) >= PART_BYTES:
-            self._upload_part(bytes(self._buffer[:PART_BYTES]))
-            del self._buffer[:PART_BYTES]
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def writable(self) -> bool:
-        return True
-
-    def _upload_part(self, body: bytes) -> None:
-        if self._upload_id is None:
-            self._upload_id = self._call("create_multipart_upload")["UploadId"]
-        number = len(self._parts) + 1
-        # Re-sending a part number replaces that part: a retried part is idempotent.
-        etag = self._call("upload_part", UploadId=self._upload_id, PartNumber=number, Body=body)[
-            "ETag"
-        ]
-        self._parts.append({"PartNumber": number, "ETag": etag})
-
-    def _multipart_etag(self) -> str:
-        """The ETag S3 gives the completed object: md5 of the parts' md5s, then -<parts>."""
-        digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in self._parts)
-        return f'"{hashlib.md5(digests).hexdigest()}-{len(self._parts)}"'
-
-    def _landed(self, err: BaseException, body: bytes | None) -> bool:
-        """Whether a failed final request's object is ours (an earlier try of it landed)."""
-        code = (client_error(err) or {}).get("Error", {}).get("Code")
-        if not (_precondition(err) or code == "NoSuchUpload"):
-            return False
-        try:
-            if body is not None:  # a single PUT: compare the bytes
-                return self._s3.read_bytes_raw(self._key) == body
-            head = self._s3.retry.call(
-                f"head_object {self._url}",
-                lambda: self._s3.fs.call_s3("head_object", Bucket=self._s3.bucket, Key=self._key),
-            )
-        except FileNotFoundError:
-            return False
-        return head.get("ETag") == self._multipart_etag()
-
-    def finish(self) -> None:
-        self.closed = True
-        try:
-            if self._upload_id is None:
-                body = bytes(self._buffer)
-                try:
-                    self._call("put_object", Body=body, **self._cond)
-                except Exception as err:
-                    if not self._landed(err, body):
-                        raise
-                return
-            if self._buffer:
-                self._upload_part(bytes(self._buffer))
-            try:
-                self._call(
-                    "complete_multipart_upload",
-                    UploadId=self._upload_id,
-                    MultipartUpload={"Parts": self._parts},
-                    **self._cond,
-                )
-            except Exception as err:
-                if not self._landed(err, None):
-                    raise
-            self._upload_id = None
-        except Exception as err:
-            self.abort()
-            if _precondition(err):
-                raise AlreadyExists(
-                    f"{self._url} already exists; a data file is never written twice"
-                ) from None
-            raise
-
-    def abort(self) -> None:
-        self.closed = True
-        if self._upload_id is not None:
-            with contextlib.suppress(Exception):  # gc aborts what is left behind
-                self._call("abort_multipart_upload", UploadId=self._upload_id)
-            self._upload_id = None
-
-
-class _ResumableRead(io.RawIOBase):
-    """A read stream over one object that reopens at its own offset after a transient error.
-
-    The offset is this object's, not s3fs's: a read that fails half-way is
-    redone from where the caller stood, so a partial read inside s3fs can
-    neither skip nor repeat bytes. The first open happens here, so a missing
-    object raises FileNotFoundError at `open_read`, as on local disk.
-    """
-
-    _BLOCK = 8 << 20
-
-    def __init__(self, storage: S3Storage, key: str) -> None:
-        super().__init__()
-        self._s3 = storage
-        self._path = storage._path(key)
-        self._url = storage.url(key)
-        self._pos = 0
-        self._file: Any = None
-        self._etag: str | None = None
-        self._size = 0
-        self._s3.retry.call(f"open {self._url}", self._open)
-
-    def _open(self) -> Any:
-        if self._file is None:
-            f = self._s3.fs.open(self._path, "rb", cache_type="readahead", block_size=self._BLOCK)
-            etag = (getattr(f, "details", None) or {}).get("ETag")
-            if self._etag is not None and etag is not None and etag != self._etag:
-                f.close()
-                raise StorageError(
-                    f"{self._url} changed while it was read (ETag {self._etag} -> {etag})"
-                )
-            self._etag, self._size, self._file = etag, int(f.size), f
-        self._file.seek(self._pos)
-        return self._file
-
-    def _drop(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            with contextlib.suppress(Exception):
-                f.close()
-
-    def _attempt(self, what: str, fn: Any) -> Any:
-        def once() -> Any:
-            try:
-                return fn(self._open())
-            except Exception:
-                self._drop()  # the next try reopens at self._pos
-                raise
-
-        return self._s3.retry.call(f"{what} {self._url}", once)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        if self.closed:
-            raise ValueError(f"read of closed stream {self._url}")
-        want = -1 if size is None or size < 0 else size
-        data = self._attempt("read", lambda f: f.read(want))
-        self._pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._size + offset
-        else:
-            raise ValueError(f"invalid whence {whence}")
-        if pos < 0:
-            raise ValueError(f"negative seek position {pos} in {self._url}")
-        self._pos = pos
-        return pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def close(self) -> None:
-        self._drop()
-        super().close()
-
-
-def _precondition(err: BaseException) -> bool:
-    if isinstance(err, FileExistsError):  # s3fs translates If-None-Match 412 this way
-        return True
-    response = client_error(err)
-    if response is None:
-        return False
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return response["Error"].get("Code") == "PreconditionFailed" or status == 412
 
 
 def _mtime(raw: dict) -> float:

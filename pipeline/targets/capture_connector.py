@@ -57,7 +57,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from pipeline.targets.capture import CONNECTOR_NAME, CaptureChunk, put_inprocess, write_spool
+from pipeline.targets.capture import CONNECTOR_NAME, CaptureChunk, put_inprocess
+from pipeline.targets.capture_chunks import write_spool
 
 if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext

@@ -43,8 +43,8 @@ from pipeline.targets.capture import (
     WORKER_SETTINGS_KEY,
     CaptureChunk,
     put_inprocess,
-    write_spool,
 )
+from pipeline.targets.capture_chunks import write_spool
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker

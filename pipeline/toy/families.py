@@ -34,103 +34,116 @@ MAX_POSITIONS = 1024
 def _config(family: str, vocab_size: int, special: dict):
     """The transformers config of `family`'s tiny target."""
     if family == "qwen3_moe":
-        from transformers import Qwen3MoeConfig
-
-        return Qwen3MoeConfig(
-            vocab_size=vocab_size,
-            hidden_size=HIDDEN,
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            num_key_value_heads=1,
-            head_dim=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            max_position_embeddings=MAX_POSITIONS,
-            tie_word_embeddings=False,
-            **special,
-        )
+        return _qwen3_moe_config(vocab_size, special)
     if family == "deepseek_v3":
-        from transformers import DeepseekV3Config
-
-        return DeepseekV3Config(
-            vocab_size=vocab_size,
-            hidden_size=HIDDEN,
-            intermediate_size=128,
-            moe_intermediate_size=32,
-            num_hidden_layers=LAYERS,
-            first_k_dense_replace=1,  # layer 0 dense, the rest routed + shared experts
-            num_attention_heads=HEADS,
-            num_key_value_heads=HEADS,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            num_experts_per_tok=2,
-            n_group=1,
-            topk_group=1,
-            q_lora_rank=32,  # MLA: low-rank queries and a compressed KV
-            kv_lora_rank=16,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=16,
-            v_head_dim=16,
-            max_position_embeddings=MAX_POSITIONS,
-            rope_parameters={
-                "rope_type": "yarn",
-                "rope_theta": 10000.0,
-                "factor": 4.0,
-                "original_max_position_embeddings": MAX_POSITIONS // 4,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-            },
-            tie_word_embeddings=False,
-            **special,
-        )
+        return _deepseek_v3_config(vocab_size, special)
     if family in ("gemma3", "gemma3_text"):
-        from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
-
-        text = Gemma3TextConfig(
-            vocab_size=vocab_size,
-            hidden_size=HIDDEN,
-            intermediate_size=128,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            num_key_value_heads=1,
-            head_dim=32,
-            sliding_window=16,
-            max_position_embeddings=MAX_POSITIONS,
-            # Gemma-2 caps at 30, Gemma-3 not at all; random logits are ~0.3, so a cap
-            # that bends them lets the tests tell capped from uncapped distributions.
-            # (transformers' multimodal class reads the cap from the top-level config,
-            # which has none: it applies no cap, and neither does the draft.)
-            final_logit_softcapping=0.25 if family == "gemma3_text" else None,
-            rope_parameters={
-                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            },
-            **special,
-        )
-        if family == "gemma3_text":
-            return text
-        vision = SiglipVisionConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=28,
-            patch_size=14,
-        )
-        return Gemma3Config(
-            text_config=text.to_dict(),
-            vision_config=vision.to_dict(),
-            mm_tokens_per_image=4,
-            image_token_index=vocab_size - 1,
-            boi_token_index=vocab_size - 2,
-            eoi_token_index=vocab_size - 3,
-            **special,
-        )
+        return _gemma3_config(family, vocab_size, special)
     raise ValueError(f"unknown family {family!r}; known: {list(FAMILIES)}")
+
+
+def _qwen3_moe_config(vocab_size: int, special: dict):
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=False,
+        **special,
+    )
+
+
+def _deepseek_v3_config(vocab_size: int, special: dict):
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=LAYERS,
+        first_k_dense_replace=1,  # layer 0 dense, the rest routed + shared experts
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=32,  # MLA: low-rank queries and a compressed KV
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": MAX_POSITIONS // 4,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        tie_word_embeddings=False,
+        **special,
+    )
+
+
+def _gemma3_config(family: str, vocab_size: int, special: dict):
+    """gemma3_text: the text model alone; gemma3: it inside the multimodal checkpoint."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    text = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=16,
+        max_position_embeddings=MAX_POSITIONS,
+        # Gemma-2 caps at 30, Gemma-3 not at all; random logits are ~0.3, so a cap
+        # that bends them lets the tests tell capped from uncapped distributions.
+        # (transformers' multimodal class reads the cap from the top-level config,
+        # which has none: it applies no cap, and neither does the draft.)
+        final_logit_softcapping=0.25 if family == "gemma3_text" else None,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        **special,
+    )
+    if family == "gemma3_text":
+        return text
+    vision = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    return Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        image_token_index=vocab_size - 1,
+        boi_token_index=vocab_size - 2,
+        eoi_token_index=vocab_size - 3,
+        **special,
+    )
 
 
 def build_family_target(family: str, out_dir: str | Path, *, seed: int = 0) -> Path:

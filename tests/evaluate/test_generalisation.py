@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.evaluate.config import EvalConfig, parse_eval_config
 from pipeline.evaluate.generalisation import generalisation, generalisation_table
-from pipeline.evaluate.run import _check_left_out
+from pipeline.evaluate.heldout import _check_left_out
 
 
 def _row(prefix: str, domains: list[str], accepted: int, n: int = 12) -> dict:

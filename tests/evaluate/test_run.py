@@ -305,8 +305,8 @@ def test_drafts_on_different_layer_subsets_evaluate_on_their_own_columns(
     its layers (DatasetSplit.read_layers), and the live loop hands each its own features."""
     from draft_specs import train_small_draft
 
+    from pipeline.evaluate.heldout import MAX_SEQ_LEN
     from pipeline.evaluate.offline import build_tables, summarize_rounds, walk_tables
-    from pipeline.evaluate.run import MAX_SEQ_LEN
     from pipeline.table.split import DatasetSplit
 
     subsets = {"DFlash 1,3": [1, 3], "EAGLE-3 2": [2]}

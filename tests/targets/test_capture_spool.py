@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
-from pipeline.targets import capture
-from pipeline.targets.capture import CaptureChunk, CaptureReader, assemble, read_spool, write_spool
+from pipeline.targets import capture, capture_chunks
+from pipeline.targets.capture import CaptureChunk, CaptureReader, assemble
+from pipeline.targets.capture_chunks import read_spool, write_spool
 
 
 def _chunk(
@@ -36,7 +37,7 @@ def test_spool_round_trip_is_safetensors_and_drains(tmp_path):
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / names[0]), framework="pt") as fh:
-        assert fh.metadata()["format"] == capture.SPOOL_FORMAT
+        assert fh.metadata()["format"] == capture_chunks.SPOOL_FORMAT
     chunks = read_spool(str(tmp_path))
     # Read files become the writer's free slots (hidden), never chunks again.
     assert [c.step for c in chunks] == [0, 1]
@@ -62,7 +63,7 @@ def test_spool_files_are_recycled_and_oversized_ones_removed(tmp_path, monkeypat
     write_spool(directory, "w1", _chunk(0, [("a", 0, 6)]))
     read_spool(directory)
     inode = os.stat(tmp_path / ".free-w1-0").st_ino
-    step = capture.SPOOL_SLOTS  # the writer takes slot 0 again this step
+    step = capture_chunks.SPOOL_SLOTS  # the writer takes slot 0 again this step
     write_spool(directory, "w1", _chunk(step, [("b", 0, 2)], value=7.0))
     assert not (tmp_path / ".free-w1-0").exists()
     name = f"{step:012d}-w1.safetensors"
@@ -70,7 +71,7 @@ def test_spool_files_are_recycled_and_oversized_ones_removed(tmp_path, monkeypat
     (chunk,) = read_spool(directory)
     assert chunk.keys == ["b"] and chunk.rows.shape == (2, 2, 4)
     assert chunk.rows.float().eq(7.0).all()
-    monkeypatch.setattr(capture, "SPOOL_RECYCLE_BYTES", 16)
+    monkeypatch.setattr(capture_chunks, "SPOOL_RECYCLE_BYTES", 16)
     write_spool(directory, "w1", _chunk(1, [("c", 0, 1)]))
     read_spool(directory)
     assert not (tmp_path / ".free-w1-1").exists()
@@ -94,7 +95,7 @@ def test_temp_files_and_foreign_files_are_skipped_or_rejected(tmp_path):
     save_file(
         {"rows": torch.zeros(1, 2, 4, dtype=torch.bfloat16)},
         str(tmp_path / "y.safetensors"),
-        metadata={"format": capture.SPOOL_FORMAT, "step": "0", "keys": "a"},
+        metadata={"format": capture_chunks.SPOOL_FORMAT, "step": "0", "keys": "a"},
     )
     with pytest.raises(ValueError, match="without 'spans'"):
         read_spool(str(tmp_path))
