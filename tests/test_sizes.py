@@ -18,7 +18,6 @@ ALLOWED_FILES = {
 }
 ALLOWED_FUNCTIONS = {
     "evaluate/serving.py:run_serving",  # the serving benchmark rework
-    "table/gc.py:gc_dataset",  # the split of the shards packages
 }
 
 
