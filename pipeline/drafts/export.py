@@ -146,7 +146,7 @@ def export_checkpoint(checkpoint: Path, out: Path, *, verifier: str | None = Non
     model_type = kind.format_for(spec)
     target_tensors = None
     if draft_kind(model_type).format.target_tensors or spec.draft_vocab is not None:
-        from pipeline.drafts.common import load_target_head
+        from pipeline.drafts.target_head import load_target_head
 
         embed, head = load_target_head(target_dir, dtype=None)
         target_tensors = dict(zip(TARGET_TENSORS, (embed, head), strict=True))

@@ -49,7 +49,7 @@ def load_draft(
     (`target_head`: the target's (embed, lm_head), already loaded, for several drafts)."""
     import torch
 
-    from pipeline.drafts.common import load_target_head
+    from pipeline.drafts.target_head import load_target_head
 
     path = Path(path)
     embed, head = target_head or load_target_head(target_dir)

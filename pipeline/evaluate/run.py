@@ -145,8 +145,8 @@ def _load_drafts(
 ) -> tuple[dict[str, LoadedDraft], dict[str, dict]]:
     """Every row's draft that has a checkpoint (loaded once per source, over the
     target's shared embeddings and lm_head), and the training configs of the trained ones."""
-    from pipeline.drafts.common import load_target_head
     from pipeline.drafts.load import load_draft
+    from pipeline.drafts.target_head import load_target_head
 
     loaded, train_configs, by_source = {}, {}, {}
     target_head = load_target_head(target_dir)  # embeddings and lm_head, shared by every draft

@@ -322,7 +322,7 @@ class TrainConfig(ConfigModel):
     # fp32, or bf16 autocast with fp32 master weights (frozen target tables in
     # bf16); auto: bf16 on GPU, fp32 on CPU.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    # Block attention (pipeline/drafts/common.py): sdpa (fused kernels, any
+    # Block attention (pipeline/drafts/block_mask.py): sdpa (fused kernels, any
     # device), flex (block-sparse flex_attention, compiled; GPU only: it has no
     # CPU backward), eager (the reference; materialises the scores).
     attention: Literal["sdpa", "flex", "eager"] = "sdpa"

@@ -113,7 +113,7 @@ class Trainer:
         the chunked objective, and what forward runs (its DDP/FSDP form when distributed)."""
         import torch
 
-        from pipeline.drafts.common import load_target_head
+        from pipeline.drafts.target_head import load_target_head
         from pipeline.train.objective import DraftObjective
 
         config = self.config

@@ -9,7 +9,7 @@
   the same sample yields different blocks each epoch and any micro-batch split
   draws the same ones.
 * **Packing**: samples share a row up to `max_row_tokens` context tokens; the
-  attention mask keeps them apart (drafts/common.py: context_mask).
+  attention mask keeps them apart (drafts/block_mask.py: context_mask).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.corpus.identity import hash64
-from pipeline.drafts.common import DraftInputs
+from pipeline.drafts.inputs import DraftInputs
 from pipeline.drafts.spec import DraftSpec
 from pipeline.shards.reader import TrainingSample
 

@@ -123,6 +123,6 @@ def _mask_token_id(config: TrainConfig, target_dir: Path) -> int:
         return config.draft.mask_token_id
     if not draft_kind(config.draft.kind).mask_token:
         return 0
-    from pipeline.drafts.common import tokenizer_mask_token_id
+    from pipeline.drafts.target_head import tokenizer_mask_token_id
 
     return tokenizer_mask_token_id(target_dir)

@@ -26,14 +26,14 @@ def _target(path, tokenizer, vocab_size: int, **special):
 
 
 def test_the_tokenizers_mask_token_comes_first(tmp_path, tokenizer):
-    from pipeline.drafts.common import tokenizer_mask_token_id
+    from pipeline.drafts.target_head import tokenizer_mask_token_id
 
     target = _target(tmp_path, tokenizer, len(tokenizer) + 64)
     assert tokenizer_mask_token_id(target) == tokenizer.convert_tokens_to_ids("<|mask|>")
 
 
 def test_without_one_an_unused_row_then_pad(tmp_path, tokenizer):
-    from pipeline.drafts.common import tokenizer_mask_token_id
+    from pipeline.drafts.target_head import tokenizer_mask_token_id
 
     tokenizer = tokenizer.__class__.from_pretrained(_target(tmp_path / "a", tokenizer, 300))
     padded = _target(tmp_path / "b", tokenizer, len(tokenizer) + 64, mask_token=None)

@@ -16,9 +16,9 @@ import pytest
 import torch
 from draft_specs import tiny_spec
 
-from pipeline.drafts.common import load_target_head
 from pipeline.drafts.export import TARGET_TENSORS, export_draft, read_export
 from pipeline.drafts.registry import build_draft
+from pipeline.drafts.target_head import load_target_head
 
 speculators = pytest.importorskip(
     "speculators",
@@ -134,7 +134,7 @@ def test_a_speculators_trained_dspark_drafts_the_same_through_our_import(
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from train_parity import speculators_dspark
 
-    from pipeline.drafts.common import DraftInputs
+    from pipeline.drafts.inputs import DraftInputs
     from pipeline.drafts.load import load_draft
 
     g = torch.Generator().manual_seed(0)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from draft_specs import SMALL, random_sample, tiny_spec
 
-from pipeline.drafts.common import load_target_head
 from pipeline.drafts.export import TARGET_TENSORS, export_draft, read_export
 from pipeline.drafts.load import load_draft, make_drafter
 from pipeline.drafts.registry import build_draft
+from pipeline.drafts.target_head import load_target_head
 from pipeline.drafts.vocab import (
     coverage,
     d2t_of,

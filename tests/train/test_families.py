@@ -41,7 +41,8 @@ def family(request, tmp_path_factory):
 def test_config_resolution_and_capture_follow_the_family(family):
     from transformers import AutoModelForCausalLM
 
-    from pipeline.drafts.common import load_target_head, softcap
+    from pipeline.drafts.common import softcap
+    from pipeline.drafts.target_head import load_target_head
     from pipeline.table.dataset import Dataset
     from pipeline.table.reader import ShardReader
     from pipeline.targets.resolve import target_shape

@@ -93,7 +93,7 @@ def run_blocks(
     """Backbone outputs of the drafting slots: (base_logits (A, n, Vd), hidden (A, n, d))."""
     import torch
 
-    from pipeline.drafts.common import DraftInputs
+    from pipeline.drafts.inputs import DraftInputs
 
     spec = model.spec
     t, a, b = input_ids.shape[0], anchors.shape[0], spec.block_size

@@ -25,8 +25,9 @@ With a reduced draft vocabulary (spec.draft_vocab) the logits, the Markov
 output W2 and the argmax are over the draft vocabulary; W1 and the confidence
 head read the previous token as a target id, unchanged.
 
-The shared pieces (inputs, outputs, attention, MLP, the frozen target head)
-are in pipeline/drafts/common.py.
+The shared pieces are in pipeline/drafts/: inputs and outputs (inputs.py),
+attention and MLP (common.py), block masks (block_mask.py), the frozen target
+head (target_head.py).
 """
 
 from __future__ import annotations
@@ -34,16 +35,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.drafts.common import (
-    MLP,
-    Attention,
-    BlockMask,
-    DraftInputs,
-    DraftOutput,
-    RMSNorm,
-    TargetHeadDraft,
-    build_block_mask,
-)
+from pipeline.drafts.block_mask import BlockMask, build_block_mask
+from pipeline.drafts.common import MLP, Attention, RMSNorm, TargetHeadDraft
+from pipeline.drafts.inputs import DraftInputs, DraftOutput
 from pipeline.drafts.spec import DraftSpec
 
 

@@ -24,8 +24,8 @@ from pipeline.drafts.drafter import DraftBlocks, LiveProposals
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.drafts.common import DraftInputs
     from pipeline.drafts.eagle3.model import Eagle3Draft
+    from pipeline.drafts.inputs import DraftInputs
     from pipeline.shards.reader import TrainingSample
 
 
@@ -42,7 +42,7 @@ def eagle3_inputs(
     teacher-forced."""
     import torch
 
-    from pipeline.drafts.common import DraftInputs
+    from pipeline.drafts.inputs import DraftInputs
 
     t, a = ids.shape[0], anchors.shape[0]
     if a and int(anchors.min()) < 1:

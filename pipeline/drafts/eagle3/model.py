@@ -41,15 +41,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from pipeline.drafts.common import (
-    MLP,
-    Attention,
-    DraftInputs,
-    DraftOutput,
-    RMSNorm,
-    TargetHeadDraft,
-    context_mask,
-)
+from pipeline.drafts.block_mask import context_mask
+from pipeline.drafts.common import MLP, Attention, RMSNorm, TargetHeadDraft
+from pipeline.drafts.inputs import DraftInputs, DraftOutput
 from pipeline.drafts.spec import DraftSpec
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from draft_specs import SMALL, random_sample, tiny_spec
 
-from pipeline.drafts.common import DraftInputs
 from pipeline.drafts.dspark.drafter import DSparkDrafter, drafting_slots
 from pipeline.drafts.dspark.model import DSparkDraft
+from pipeline.drafts.inputs import DraftInputs
 from pipeline.drafts.spec import DraftSpec
 from pipeline.shards.reader import TrainingSample
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from draft_specs import tiny_spec
 
-from pipeline.drafts.common import DraftInputs, block_attention_mask, build_block_mask
+from pipeline.drafts.block_mask import block_attention_mask, build_block_mask
 from pipeline.drafts.dspark.model import DSparkDraft, slot_weights
+from pipeline.drafts.inputs import DraftInputs
 
 
 def _inputs(spec, seed: int = 0) -> DraftInputs:

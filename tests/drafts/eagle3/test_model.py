@@ -11,8 +11,8 @@ import pytest
 import torch
 from draft_specs import tiny_spec, train_small_draft
 
-from pipeline.drafts.common import DraftInputs
 from pipeline.drafts.eagle3.model import Eagle3Draft, ttt_attention_mask, ttt_step_weights
+from pipeline.drafts.inputs import DraftInputs
 from pipeline.train.config import parse_train_config
 from pipeline.train.loss import draft_loss
 
@@ -290,8 +290,8 @@ def test_vllm_serves_a_reduced_vocabulary_eagle3_losslessly(
     import dataclasses
 
     from pipeline.drafts.checkpoint import load_checkpoint
-    from pipeline.drafts.common import load_target_head
     from pipeline.drafts.export import TARGET_TENSORS, export_draft
+    from pipeline.drafts.target_head import load_target_head
     from pipeline.drafts.vllm_check import decode
     from pipeline.drafts.vocab import select_draft_vocab
     from pipeline.train.config import TrainDataConfig

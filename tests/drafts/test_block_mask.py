@@ -10,8 +10,9 @@ import torch
 from draft_specs import tiny_spec
 from torch.nn.attention.flex_attention import flex_attention
 
-from pipeline.drafts.common import CompiledFlex, DraftInputs, build_block_mask, compiled_flex
+from pipeline.drafts.block_mask import CompiledFlex, build_block_mask, compiled_flex
 from pipeline.drafts.dspark.model import DSparkDraft
+from pipeline.drafts.inputs import DraftInputs
 
 
 def _inputs(spec) -> DraftInputs:
