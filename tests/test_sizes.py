@@ -11,13 +11,6 @@ PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 400
 
-# Still over the limits, each being reworked on its own: remove an entry when its
-# file comes under them (the test then holds it there).
-ALLOWED_FILES: set[str] = set()
-ALLOWED_FUNCTIONS = {
-    "evaluate/serving.py:run_serving",  # the serving benchmark rework
-}
-
 
 def _function_lengths(path: Path) -> dict[str, int]:
     """`name` (dotted through classes and enclosing functions) -> lines, def to end."""
@@ -57,19 +50,11 @@ def long_files(root: Path = PIPELINE) -> dict[str, int]:
 
 def test_no_function_over_80_lines():
     assert _modules()  # the walk found the package
-    over = {k: v for k, v in long_functions().items() if k not in ALLOWED_FUNCTIONS}
-    assert over == {}, f"split these into named steps (at most {MAX_FUNCTION_LINES} lines)"
+    assert long_functions() == {}, f"split these into named steps (at most {MAX_FUNCTION_LINES} lines)"
 
 
 def test_no_module_over_400_lines():
-    over = {k: v for k, v in long_files().items() if k not in ALLOWED_FILES}
-    assert over == {}, f"split these along their concepts (at most {MAX_FILE_LINES} lines)"
-
-
-def test_the_allow_list_names_only_what_is_still_over():
-    """An entry whose file came under the limits (or went away) is taken off the list."""
-    assert ALLOWED_FUNCTIONS <= set(long_functions())
-    assert ALLOWED_FILES <= set(long_files())
+    assert long_files() == {}, f"split these along their concepts (at most {MAX_FILE_LINES} lines)"
 
 
 def test_the_walk_counts_methods_and_nested_functions(tmp_path):

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from pipeline.evaluate.config import ServingConfig
 
 SERVED_NAME = "target"  # the model name the server answers to
+BASELINE = "no draft"  # the engine without a draft
 CPU_MEMORY_SHARE = 0.2  # gpu_memory_utilization on vLLM's CPU backend (share of host RAM)
 
 

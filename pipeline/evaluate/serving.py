@@ -19,9 +19,7 @@ cumulative). Per engine:
 * T=0 identity: the greedy outputs of the first prompts, one request at a
   time, compared with the plain engine's (pipeline/evaluate/identity.py).
 
-Speedups are read off the curves: single stream (tokens/s per user with the
-draft over without), and at matched interactivity, the draft curve's
-aggregate throughput interpolated at each baseline point's tokens/s per user.
+Speedups are read off the curves (pipeline/evaluate/speedups.py);
 docs/evaluate.md says how to read them and why this tooling.
 """
 
@@ -34,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.drafts.registry import served_method, serving_kind
-from pipeline.evaluate.server import SERVED_NAME, Engine, VllmServer
+from pipeline.evaluate.server import BASELINE, SERVED_NAME, Engine, VllmServer
+from pipeline.evaluate.speedups import add_speedups
 from pipeline.logs import kv
 from pipeline.targets.resolve import eos_token_ids
 
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BASELINE = "no draft"
 _PERCENTILES = (50, 90, 99)
 
 
@@ -225,44 +223,6 @@ def greedy_outputs(
     return outputs
 
 
-# -------------------------------------------------------------------------- curves
-
-
-def interpolate(curve: list[dict], x: float) -> float | None:
-    """Aggregate tok/s of `curve` at `x` tokens/s per user (linear between its points);
-    None outside the range the curve measured."""
-    pts = sorted((p["per_user_tok_s"], p["aggregate_tok_s"]) for p in curve if p["per_user_tok_s"])
-    if not pts or not pts[0][0] <= x <= pts[-1][0]:
-        return None
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[0][1]  # a single point, x equal to it
-
-
-def matched_interactivity(baseline: list[dict], drafted: list[dict]) -> list[dict]:
-    """At each measured point of either curve (its tokens/s per user), both curves'
-    aggregate tok/s there (interpolated) and their ratio; None where a curve does not
-    reach that interactivity (a sweep that stops too early leaves no overlap)."""
-    rows = []
-    for source, curve in (("no draft", baseline), ("draft", drafted)):
-        for p in curve:
-            x = p["per_user_tok_s"]
-            if not x:
-                continue
-            b, d = interpolate(baseline, x), interpolate(drafted, x)
-            rows.append(
-                {
-                    "point": f"{source} c={p['concurrency']}",
-                    "per_user_tok_s": x,
-                    "baseline_aggregate_tok_s": None if b is None else round(b, 3),
-                    "draft_aggregate_tok_s": None if d is None else round(d, 3),
-                    "speedup": None if b is None or d is None else round(d / b, 4),
-                }
-            )
-    return sorted(rows, key=lambda r: -r["per_user_tok_s"])
-
-
 # ------------------------------------------------------------------------- the run
 
 
@@ -283,15 +243,35 @@ def run_serving(
     Raises `IdentityMismatch` (section attached as `.section`) when a draft changed the
     target's greedy output beyond a near-tie flip.
     """
-    from pipeline.evaluate.identity import IdentityMismatch, TargetLogits, check_identity
+    from pipeline.evaluate.identity import IdentityMismatch
 
     if not prompts:
         raise ValueError("serving: no held-out prompts to serve")
-    levels = sorted(set(config.concurrency) | {1})
-    idc = config.identity
-    id_prompts = prompts[: idc.num_prompts]
-    logits = TargetLogits(target_dir)
-    section: dict[str, Any] = {
+    section = _section(config, target_dir, prompts)
+    identity = _Identity(config, target_dir, prompts)
+    for engine in engines_for(config, exports):
+        if isinstance(engine, dict):
+            section["engines"][engine["name"]] = {"served": False, "reason": engine["reason"]}
+            continue
+        entry, outputs = _serve_engine(engine, config, target_dir, prompts, identity, out_dir)
+        if engine.draft_dir is not None:
+            entry["acceptance"] = {
+                **(entry["single_stream"].get("acceptance") or {}),
+                "offline_tau": (offline_tau or {}).get(engine.name),
+            }
+        identity.check(engine, entry, outputs)
+        section["engines"][engine.name] = entry
+    add_speedups(section)
+    if identity.failures:
+        error = IdentityMismatch("\n".join(identity.failures))
+        error.section = section  # type: ignore[attr-defined]
+        raise error
+    return section
+
+
+def _section(config: ServingConfig, target_dir: str, prompts: list) -> dict[str, Any]:
+    """The section's header: what was served, how; engines are added as they run."""
+    return {
         "target": str(target_dir),
         "num_prompts": len(prompts),
         "max_tokens": config.max_tokens,
@@ -302,99 +282,80 @@ def run_serving(
         "tooling": "vllm.entrypoints.openai.api_server + vllm.benchmarks.serve.benchmark",
         "engines": {},
     }
-    plain_outputs: list[list[int]] | None = None
-    failures: list[str] = []
-    for engine in engines_for(config, exports):
-        if isinstance(engine, dict):
-            section["engines"][engine["name"]] = {"served": False, "reason": engine["reason"]}
-            continue
-        log.info("serving %s", kv(engine=engine.name, method=engine.method or "none"))
-        log_path = out_dir / "serving" / f"{engine.name.replace(' ', '_').replace('/', '_')}.log"
-        with VllmServer(str(target_dir), engine, config, log_path) as server:
-            points = [measure(server.base_url, prompts, c, config) for c in levels]
-            outputs = (
-                greedy_outputs(server.base_url, id_prompts, config.max_tokens, config.ignore_eos)
-                if idc.enabled
-                else None
-            )
-        single = next(p for p in points if p["concurrency"] == 1)
-        entry: dict[str, Any] = {
-            "served": True,
-            "method": engine.method,
-            "draft_dir": str(engine.draft_dir) if engine.draft_dir else None,
-            "num_speculative_tokens": engine.num_speculative_tokens,
-            "engine_start_s": round(server.start_seconds, 1),
-            "single_stream": single,
-            "curve": [p for p in points if p["concurrency"] in config.concurrency],
-        }
-        if engine.draft_dir is None:
-            plain_outputs = outputs
-        else:
-            entry["acceptance"] = {
-                **(single.get("acceptance") or {}),
-                "offline_tau": (offline_tau or {}).get(engine.name),
-            }
-            if outputs is not None and plain_outputs is not None:
-                report = check_identity(
-                    prompts=id_prompts,
-                    plain=plain_outputs,
-                    drafted=outputs,
-                    logits=logits,
-                    tolerance=idc.near_tie_tolerance,
-                    eos_token_ids=eos_token_ids(target_dir),
-                )
-                entry["identity"] = report.to_dict()
-                if not report.ok:
-                    failures.append(report.message(engine.name))
-        section["engines"][engine.name] = entry
-        log.info(
-            "served %s",
-            kv(
-                engine=engine.name,
-                single_tok_s=single["per_user_tok_s"],
-                start_s=entry["engine_start_s"],
-            ),
-        )
-    add_speedups(section)
-    if failures:
-        error = IdentityMismatch("\n".join(failures))
-        error.section = section  # type: ignore[attr-defined]
-        raise error
-    return section
 
 
-def e2e_speedup(base: dict, drafted: dict) -> dict | None:
-    """End-to-end tokens/s with the draft over without, one request in flight, with a
-    paired bootstrap interval over the prompts (both engines served the same prompts)."""
-    from pipeline.evaluate.uncertainty import paired_rate_ratio
-
-    a, b = drafted.get("per_request"), base.get("per_request")
-    if not a or not b or len(a["latency_s"]) != len(b["latency_s"]):
-        return None
-    point, lo, hi = paired_rate_ratio(
-        (a["output_tokens"], a["latency_s"]), (b["output_tokens"], b["latency_s"])
+def _serve_engine(
+    engine: Engine,
+    config: ServingConfig,
+    target_dir: str,
+    prompts: list[list[int]],
+    identity: _Identity,
+    out_dir: Path,
+) -> tuple[dict[str, Any], list[list[int]] | None]:
+    """One engine started, its curve measured, its greedy outputs taken; its entry."""
+    levels = sorted(set(config.concurrency) | {1})
+    log.info("serving %s", kv(engine=engine.name, method=engine.method or "none"))
+    log_path = out_dir / "serving" / f"{engine.name.replace(' ', '_').replace('/', '_')}.log"
+    with VllmServer(str(target_dir), engine, config, log_path) as server:
+        points = [measure(server.base_url, prompts, c, config) for c in levels]
+        outputs = identity.outputs(server.base_url)
+    single = next(p for p in points if p["concurrency"] == 1)
+    entry: dict[str, Any] = {
+        "served": True,
+        "method": engine.method,
+        "draft_dir": str(engine.draft_dir) if engine.draft_dir else None,
+        "num_speculative_tokens": engine.num_speculative_tokens,
+        "engine_start_s": round(server.start_seconds, 1),
+        "single_stream": single,
+        "curve": [p for p in points if p["concurrency"] in config.concurrency],
+    }
+    log.info(
+        "served %s",
+        kv(
+            engine=engine.name,
+            single_tok_s=single["per_user_tok_s"],
+            start_s=entry["engine_start_s"],
+        ),
     )
-    return {"ratio": round(point, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+    return entry, outputs
 
 
-def add_speedups(section: dict[str, Any]) -> None:
-    """Each served draft's speedups over the baseline, written into its entry."""
-    base = section["engines"].get(BASELINE)
-    if not base:
-        return
-    for name, entry in section["engines"].items():
-        if name == BASELINE or not entry.get("served"):
-            continue
-        b, d = base["single_stream"]["per_user_tok_s"], entry["single_stream"]["per_user_tok_s"]
-        single = round(d / b, 4) if b and d else None
-        entry["single_stream_speedup"] = single
-        entry["single_stream_e2e_speedup"] = e2e_speedup(
-            base["single_stream"], entry["single_stream"]
+class _Identity:
+    """The T=0 identity check: each draft's greedy outputs against the plain engine's."""
+
+    def __init__(self, config: ServingConfig, target_dir: str, prompts: list[list[int]]):
+        from pipeline.evaluate.identity import TargetLogits
+
+        self.config, self.target_dir = config, target_dir
+        self.prompts = prompts[: config.identity.num_prompts]
+        self.logits = TargetLogits(target_dir)
+        self.plain: list[list[int]] | None = None
+        self.failures: list[str] = []
+
+    def outputs(self, base_url: str) -> list[list[int]] | None:
+        if not self.config.identity.enabled:
+            return None
+        return greedy_outputs(
+            base_url, self.prompts, self.config.max_tokens, self.config.ignore_eos
         )
-        tau = (entry.get("acceptance") or {}).get("tau")
-        # How much of the acceptance length turns into speed (1.0: drafting is free).
-        entry["speedup_over_tau"] = round(single / tau, 4) if single and tau else None
-        rows = matched_interactivity(base["curve"], entry["curve"])
-        entry["matched_interactivity"] = rows
-        found = [r["speedup"] for r in rows if r["speedup"] is not None]
-        entry["best_speedup_at_matched_interactivity"] = max(found) if found else None
+
+    def check(self, engine: Engine, entry: dict, outputs: list[list[int]] | None) -> None:
+        """The plain engine's outputs kept; a draft's compared with them, into its entry."""
+        from pipeline.evaluate.identity import check_identity
+
+        if engine.draft_dir is None:
+            self.plain = outputs
+            return
+        if outputs is None or self.plain is None:
+            return
+        report = check_identity(
+            prompts=self.prompts,
+            plain=self.plain,
+            drafted=outputs,
+            logits=self.logits,
+            tolerance=self.config.identity.near_tie_tolerance,
+            eos_token_ids=eos_token_ids(self.target_dir),
+        )
+        entry["identity"] = report.to_dict()
+        if not report.ok:
+            self.failures.append(report.message(engine.name))

@@ -13,16 +13,10 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.drafts.registry import KINDS
 from pipeline.evaluate.config import ServingConfig, parse_eval_config
-from pipeline.evaluate.server import server_command
-from pipeline.evaluate.serving import (
-    BASELINE,
-    Engine,
-    add_speedups,
-    engines_for,
-    interpolate,
-    matched_interactivity,
-)
+from pipeline.evaluate.server import BASELINE, Engine, server_command
+from pipeline.evaluate.serving import engines_for
 from pipeline.evaluate.serving_report import plot_serving, serving_markdown
+from pipeline.evaluate.speedups import add_speedups, interpolate, matched_interactivity
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "drafts_v0"
 EXPORTS = {
