@@ -1,82 +1,35 @@
-"""Regeneration throughput on a realistic corpus: plain vLLM, the two-pass flow, `run_regenerate`.
+"""Regeneration throughput: plain vLLM, the two-pass flow and the shipped `run_regenerate`.
 
     .venv/bin/python bench/regenerate.py [--targets trained,large] [--rounds 3]
-        [--conversations trained=4000,large=1000] [--profile] [--no-write]
+        [--conversations trained=4000,large=1000] [--turns all|last] [--profile] [--no-write]
     .venv/bin/python bench/regenerate.py --targets real --no-two-pass [--rounds 3]
 
-Workload (what a user has): synthetic conversations of a held-out seed (at
-least 1,000; 4,000 on the trained toy, whose plain engine does 1,000 in ~4 s,
-too short a run for a steady-state rate: engine warm-up and the final commit
-would be a large share of it) with
-their natural lengths, about 30% multi-turn, every assistant turn
-regenerated (`turns: all`, turn j conditioned on the regenerated turn j-1),
-greedy, EOS honoured, the default config (`pipeline/demo/configs/toy.yaml`:
-bf16, max_model_len 1024, up to 256 new tokens). Three paths on the same
+Workload (what a user has): synthetic conversations of a held-out seed with
+their natural lengths, about 30% multi-turn, greedy, EOS honoured, the
+default config (pipeline/demo/configs/toy.yaml; for `--targets real`
+SmolLM2-135M-Instruct's real-smollm2.yaml, `turns: last`), every assistant
+turn regenerated (`--turns`, default the config's). Three paths on the same
 conversations, engine starts excluded from every rate (reported apart):
 
 (a) plain vLLM fed as well as it can be: a step loop over its `LLMEngine`
-    with the project's admission (up to `max_requests_in_flight` requests in
-    the engine, a conversation's next turn submitted the moment its turn
-    returns), the replica's CPU isolation (the loop and the engine core off
-    the model worker's cores; `host_work_isolated`), run twice on one engine
-    each round, with vLLM's engine core on the host CPUs and on the model
-    worker's ((c)'s replica always puts it on the worker's), the faster counting as (a);
-    no capture and nothing written; prefix caching off (measured on
-    this workload: on, 7,279 and 7,356 tok/s; off, 8,013 and 7,683,
-    alternating; hashing blocks costs more than the prefill it saves). Turn
-    rounds of `LLM.generate` (every request of round j in one call) idle on
-    each round's tail: with a round barrier (a) was slower than (c) on the
-    large toy (1,422 against 1,522 tok/s), a ratio past the physical limit,
-    so the barrier-free loop is the baseline; `--rounds-baseline` still
-    measures the rounds on the trained toy, reported apart; and
-    `--inprocess-baseline` measures (a) with vLLM's engine core and worker
-    in the bench's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), faster
-    on this 2-core machine for the small toy (no spin-waiting processes),
-    reported apart with (c) over it;
+    with the project's admission (a conversation's next turn submitted the
+    moment its turn returns, no round barrier), the replica's CPU isolation,
+    the engine core on the host CPUs and on the model worker's (the faster
+    counts), prefix caching off (faster on this workload); no capture;
 (b) the field's two-pass flow: (a), then a capture engine prefills prompt +
-    answer of every sample in one call (max_tokens 1, prefix caching off, the
-    same CPU isolation) and one safetensors file per sample is written (raw
-    bf16);
-(c) the shipped stage: `run_regenerate` with the default config, through a
-    local Ray, committing compressed shards; its steady-state rate (from
-    every engine up to the last shard written).
+    answer of every sample and one safetensors file per sample is written;
+(c) the shipped stage: `run_regenerate` through a local Ray, committing
+    compressed shards; its steady-state rate (every engine up to the last
+    shard written).
 
-The real target (`--targets real`, SmolLM2-135M-Instruct, `make setup-real`):
-its default config (`pipeline/demo/configs/real-smollm2.yaml`: bf16,
-max_model_len 2048, up to 256 new tokens, `turns: last`, 50 conversations a
-unit; 400 conversations by default, ~100 s of steady generation for each of
-(a) and (c) on a 2-core host, answers being short) with only the corpus seed
-(the same held-out seed 7), the conversation count and the output overridden.
-Its workload is the config's, `turns: last` (one answer per conversation, its
-last user turn given the original history, as a user of that config gets), and
-(a) and (c) answer the same prompts: (a) renders them from the same config
-with the same template. P1 there is `real_P1`; P2 is not asked for the real
-target, so `--no-two-pass` leaves (b) out and the rounds are (a), (c). The
-real target's figures go to their own keys (`real_regen_*`, `real_P1`) and
-their own section of RESULTS.md; a run of the toys keeps them, and a run of
-the real target keeps the toys' keys and section.
-
-Rounds alternate the order ((a, b) then (c), then (c) then (a, b), ...), so
-the ratios see the same machine load; every ratio is per round, reported as
-the median with its range. Rates: generated tok/s, and captured tok/s (prompt
-+ generated tokens whose hidden states are stored). P1 = c / a and P2 = c / b
-in generated tok/s on the large toy; `regen_trained_P1/P2` on the trained toy;
-`real_P1` (= `real_regen_P1`) on the real target. `--profile` samples one more
-run of (c), after the rounds and not counted in them (a profiler slows what it
-samples), with py-spy (the replica process, its engine processes and its
-write-back process, on-CPU samples only) and prints the shares of engine,
-capture, transport, encoding, writing and Ray. Each (c) also records the CPU
-seconds of the replica's processes over its steady state (`c_cpu_*_s`: the
-replica, its write-back process, the model workers, the engine core), and (a)
-and (c) the seconds of their engine loops admitting, in engine steps and
-handling results. Also measured: encode MB/s per core of the bf16 codec at the
-2.8T example's width (hidden 7168 x 6 states), with one and two threads (the
-write-back's threads need the codec to release the GIL).
-Results merge into bench/results.json; a toy run replaces the toys' keys
-(`regen_*`, `P1`, `P2`) and the bench's toy section of RESULTS.md, a real run
-replaces the `real_regen_*` keys, `real_P1` and the real target's section. One
-script on purpose (over 400 lines): the three paths, the rounds, the profile
-and the records read best side by side.
+Rounds alternate the order, so the ratios see the same machine load; each
+ratio is per round, reported as the median with its range. P1 = c / a and
+P2 = c / b in generated tok/s (`P1`/`P2` on the large toy,
+`regen_trained_P1/P2` on the trained toy, `real_P1` on the real target).
+`--profile` samples one more run of (c) with py-spy (the replica, its engine
+processes and its write-back, on-CPU samples) and prints the shares of
+engine, capture, transport, encoding, writing and Ray. Results merge into
+bench/results.json; each target's keys and RESULTS.md section are its own.
 """
 
 from __future__ import annotations
@@ -109,12 +62,13 @@ CORPUS_SEED = 7  # the toys trained on seed 0; this is held-out text
 REAL = "real"  # the real target's name here: its default config, real-smollm2.yaml
 
 
-def bench_config(name: str, conversations: int, out: Path):
+def bench_config(name: str, conversations: int, out: Path, turns: str | None = None):
     """The default regeneration config, on toy `name` (or the real target, `real`) and
-    `conversations` held-out conversations."""
+    `conversations` held-out conversations; `turns` overrides `regenerate.turns`."""
     from pipeline.demo import CONFIG_DIR
     from pipeline.regenerate.config import load_config
 
+    chosen = {"regenerate.turns": turns} if turns else {}
     if name == REAL:  # its own default config: only the workload's size, seed and output change
         return load_config(
             CONFIG_DIR / "real-smollm2.yaml",
@@ -123,6 +77,7 @@ def bench_config(name: str, conversations: int, out: Path):
                 "corpus.synthetic.num_conversations": conversations,
                 "corpus.synthetic.seed": CORPUS_SEED,
                 "output.uri": str(out),
+                **chosen,
             },
         )
     return load_config(
@@ -134,6 +89,7 @@ def bench_config(name: str, conversations: int, out: Path):
             "corpus.synthetic.num_conversations": conversations,
             "corpus.synthetic.seed": CORPUS_SEED,
             "output.uri": str(out),
+            **chosen,
         },
     )
 
@@ -141,70 +97,12 @@ def bench_config(name: str, conversations: int, out: Path):
 # --------------------------------------------------------------------------- (a) and (b)
 
 
-def plain_rounds(llm, tokenizer, config, conversations) -> tuple[dict, float, int, int]:
-    """(a): turn rounds, each one `LLM.generate` call. Returns answers, seconds, tokens."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from pipeline.corpus.identity import sample_id
-    from pipeline.render import answer_budget, answer_turns, prompt_messages, render_prompt
-
-    gen = config.generation
-    eos = tokenizer.eos_token_id
-    which = config.regenerate.turns  # "all": turn j sees the regenerated turns; "last": none
-    turns = {c.conversation_id: answer_turns(c.messages, which) for c in conversations}
-    texts: dict[str, list[str]] = {c.conversation_id: [] for c in conversations}
-    answers: dict[str, tuple[list[int], list[int]]] = {}  # sample id -> (prompt, answer)
-    alive = {c.conversation_id for c in conversations}
-    started = time.perf_counter()
-    for round_ in range(max(len(t) for t in turns.values())):
-        prompts, params, ids = [], [], []
-        for conv in conversations:
-            cid = conv.conversation_id
-            if cid not in alive or round_ not in turns[cid]:
-                continue
-            history = texts[cid] if which == "all" else None
-            prompt = render_prompt(tokenizer, prompt_messages(conv.messages, round_, history))
-            budget = answer_budget(len(prompt), gen.max_new_tokens, config.target.max_model_len)
-            if budget < config.regenerate.min_answer_tokens:
-                alive.discard(cid)
-                continue
-            prompts.append(TokensPrompt(prompt_token_ids=prompt))
-            params.append(
-                SamplingParams(
-                    temperature=0.0,
-                    max_tokens=budget,
-                    stop_token_ids=[eos],
-                    include_stop_str_in_output=True,
-                    skip_special_tokens=False,
-                    detokenize=False,
-                )
-            )
-            ids.append((cid, prompt))
-        if not prompts:
-            break
-        for (cid, prompt), out in zip(
-            ids, llm.generate(prompts, params, use_tqdm=False), strict=True
-        ):
-            answer = list(out.outputs[0].token_ids)
-            if not answer:
-                alive.discard(cid)
-                continue
-            answers[sample_id(cid, round_)] = (prompt, answer)
-            if any(t > round_ for t in turns[cid]):
-                texts[cid].append(tokenizer.decode(answer, skip_special_tokens=True))
-    seconds = time.perf_counter() - started
-    prompt_tokens = sum(len(p) for p, _ in answers.values())
-    generated = sum(len(a) for _, a in answers.values())
-    return answers, seconds, prompt_tokens, generated
-
-
 def plain_fed(llm, tokenizer, config, conversations) -> tuple[dict, float, int, int, dict]:
     """(a): a plain engine fed the way the project feeds its capture engine, without
     capture: a step loop over `LLMEngine` with up to `max_requests_in_flight` requests
     in it, a conversation's next turn submitted the moment its turn returns (ahead of
     waiting first turns). No round barrier: the plain engine as well as it can be fed
-    (turn rounds of `LLM.generate` idle on each round's tail; `plain_rounds`). Also
+    (turn rounds of `LLM.generate` idle on each round's tail). Also
     returns the loop's seconds admitting, in engine steps and handling results, split
     as (c)'s feeder splits its own (`c_admit_s`, `c_step_s`, `c_handle_s`)."""
     import heapq
@@ -312,42 +210,6 @@ def second_pass(capture, answers: dict, out_dir: Path) -> float:
     return time.perf_counter() - started
 
 
-def plain_inprocess(name: str, conversations: int) -> dict:
-    """(a) again with the engine core and its worker in one process (no multiprocessing).
-
-    vLLM's CPU default runs the engine core and the model worker as two more
-    processes that spin-wait on each other (shm broadcast, sched_yield); on
-    2 cores the spinning takes CPU the forward could use, so a plain engine
-    in one process is faster here on a small model. A user tuning the
-    baseline would find that, so it is measured and reported beside (a). It
-    runs in a child process: an in-process CPU worker binds its thread to a
-    core, which every later engine this process spawned would inherit.
-    """
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    cmd = [sys.executable, __file__, "--inprocess-child", f"{name}={conversations}"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("INPROCESS ")]
-    if done.returncode or not lines:
-        raise RuntimeError(f"in-process baseline failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(lines[-1].removeprefix("INPROCESS "))
-
-
-def _inprocess_child(spec: str) -> None:
-    from pipeline.corpus.ingest import load_corpus
-
-    name, _, count = spec.partition("=")
-    config = bench_config(name, int(count), Path(tempfile.gettempdir()) / "unused")
-    conversations = load_corpus(config.corpus).conversations
-    llm, tokenizer, start = plain_engine(config)
-    _, seconds, _, generated, _ = plain_fed(llm, tokenizer, config, conversations)
-    out = {
-        "a_inproc_s": seconds,
-        "a_inproc_tok_s": generated / seconds,
-        "a_inproc_engine_start_s": start,
-    }
-    print("INPROCESS " + json.dumps(out), flush=True)
-
-
 def plain_engine(config):
     """(a)'s engine: the target's vLLM arguments, prefix caching off. (llm, tokenizer, start s)."""
     from transformers import AutoTokenizer
@@ -400,7 +262,6 @@ def run_a_b(
     conversations,
     work: Path,
     *,
-    with_rounds: bool = False,
     round_: int = 0,
     two_pass: bool = True,
 ) -> dict:
@@ -423,17 +284,6 @@ def run_a_b(
     answers, a_s, prompt_tokens, generated, phases = runs[best]
     extra["a_placement"] = best
     extra |= {f"a_{k}": v for k, v in phases.items()}
-    if with_rounds:  # what a user of `LLM.generate` gets: turn rounds, each one call
-        with host_work_isolated(best):
-            rounds_answers, rounds_s, _, rounds_generated = plain_rounds(
-                llm, tokenizer, config, conversations
-            )
-        differ = sum(rounds_answers.get(k) != v for k, v in answers.items())
-        extra |= {
-            "a_rounds_s": rounds_s,
-            "a_rounds_tok_s": rounds_generated / rounds_s,
-            "a_rounds_answers_differ": differ,  # bf16 near-ties under other batch shapes
-        }
     shutdown_engine(llm)
     del llm
     _free()
@@ -508,22 +358,6 @@ def run_c(config, profile: Path | None) -> dict:
         "c_mean_batch": stats.get("busy_slots", 0) / max(1, stats.get("steps", 0)),
         "c_encode_s": stats.get("encode_seconds", 0.0),
         **{f"c_cpu_{role}_s": v for role, v in stats.get("cpu_seconds", {}).items()},
-    }
-
-
-def run_c_fixed(name: str, args, out: Path, shipped: dict) -> dict:
-    """(c) with the replica's units in flight fixed at its starting count (no growth on
-    hunger, scheduler.py): what the hunger call adds, measured beside (c)."""
-    cfg = bench_config(name, conversations_for(args, name), out)
-    regen = cfg.regenerate.model_copy(
-        update={"max_units_in_flight_per_replica": shipped["c_units_wanted"]}
-    )
-    got = run_c(cfg.model_copy(update={"regenerate": regen}), None)
-    return {
-        "c_fixed_tok_s": got["c_generated_tokens"] / got["c_s"],
-        "c_fixed_mean_batch": got["c_mean_batch"],
-        "c_fixed_engine_steps": got["c_engine_steps"],
-        "c_fixed_units": shipped["c_units_wanted"],
     }
 
 
@@ -674,7 +508,7 @@ def run_target(name: str, args, log: list[str]) -> dict:
     rounds = []
     profile_shares = None
     try:
-        config = bench_config(name, conversations_for(args, name), work / "unused")
+        config = bench_config(name, conversations_for(args, name), work / "unused", args.turns)
         conversations = load_corpus(config.corpus).conversations
         init_ray(config.ray)
         for round_ in range(args.rounds):
@@ -687,20 +521,15 @@ def run_target(name: str, args, log: list[str]) -> dict:
                             config,
                             conversations,
                             work / f"r{round_}",
-                            with_rounds=name in args.rounds_baseline.split(","),
                             round_=round_,
                             two_pass=two_pass,
                         )
                     )
-                    if name in args.inprocess_baseline.split(","):
-                        r.update(plain_inprocess(name, conversations_for(args, name)))
                 else:
                     cfg = bench_config(
-                        name, conversations_for(args, name), work / f"r{round_}-dataset"
+                        name, conversations_for(args, name), work / f"r{round_}-dataset", args.turns
                     )
                     r.update(run_c(cfg, None))
-                    if name in args.fixed_units_baseline.split(","):
-                        r.update(run_c_fixed(name, args, work / f"r{round_}-fixed", r))
             r["a_tok_s"] = r["a_generated_tokens"] / r["a_s"]
             r["c_tok_s"] = r["c_generated_tokens"] / r["c_s"]
             r["c_captured_tok_s"] = (r["c_generated_tokens"] + r["c_prompt_tokens"]) / r["c_s"]
@@ -715,7 +544,10 @@ def run_target(name: str, args, log: list[str]) -> dict:
             log.append(line)
         if args.profile:  # an extra run: a profiler slows what it samples, so no round has it
             profile = work / "profile.txt"
-            run_c(bench_config(name, conversations_for(args, name), work / "profiled"), profile)
+            run_c(
+                bench_config(name, conversations_for(args, name), work / "profiled", args.turns),
+                profile,
+            )
             if profile.exists():
                 profile_shares = summarise_profile(profile)
                 if args.keep_profile:
@@ -761,18 +593,6 @@ def run_target(name: str, args, log: list[str]) -> dict:
         },
         "rounds": rounds,
     }
-    if "a_rounds_tok_s" in rounds[0]:
-        for r in rounds:
-            r["c_over_a_rounds"] = round(r["c_tok_s"] / r["a_rounds_tok_s"], 3)
-        out["a_rounds_tok_s"] = med("a_rounds_tok_s")
-        out["c_over_a_rounds"] = med("c_over_a_rounds")
-    if "c_fixed_tok_s" in rounds[0]:
-        for r in rounds:
-            r["c_over_c_fixed"] = round(r["c_tok_s"] / r["c_fixed_tok_s"], 3)
-        out["c_fixed_tok_s"] = med("c_fixed_tok_s")
-        out["c_over_c_fixed"] = med("c_over_c_fixed")
-        out["c_mean_batch"] = med("c_mean_batch")
-        out["c_fixed_mean_batch"] = med("c_fixed_mean_batch")
     if "a_host_tok_s" in rounds[0]:
         out["a_host_tok_s"] = med("a_host_tok_s")
         out["a_workers_tok_s"] = med("a_workers_tok_s")
@@ -780,11 +600,6 @@ def run_target(name: str, args, log: list[str]) -> dict:
     if "a_admit_s" in rounds[0]:  # where each loop's time went, (a)'s and (c)'s alike
         for phase in ("admit_s", "step_s", "handle_s"):
             out[f"a_{phase}"], out[f"c_{phase}"] = med(f"a_{phase}"), med(f"c_{phase}")
-    if "a_inproc_tok_s" in rounds[0]:
-        for r in rounds:
-            r["c_over_a_inproc"] = round(r["c_tok_s"] / r["a_inproc_tok_s"], 3)
-        out["a_inproc_tok_s"] = med("a_inproc_tok_s")
-        out["c_over_a_inproc"] = med("c_over_a_inproc")
     if profile_shares:
         out["profile_c_percent"] = profile_shares
     return out
@@ -798,7 +613,7 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_capability()}), load "
         f"average {load:.1f} at start. vLLM CPU, synthetic conversations ({counts}; seed {CORPUS_SEED}, "
-        "~30% multi-turn, `turns: all`), natural lengths, EOS honoured, greedy, the default "
+        f"~30% multi-turn, `turns: {args.turns or 'all'}`), natural lengths, EOS honoured, greedy, the default "
         f"config (pipeline/demo/configs/toy.yaml); {args.rounds} alternating rounds; medians "
         "with [min-max] over rounds; engine starts excluded from rates.",
         "",
@@ -832,30 +647,6 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 f"{fmt(r['a_step_s'], 2)} / {fmt(r['c_step_s'], 2)}, handling results "
                 f"{fmt(r['a_handle_s'], 2)} / {fmt(r['c_handle_s'], 2)} ((c)'s steps include the "
                 "capture in the step and taking its rows).",
-            ]
-        if "a_inproc_tok_s" in r:
-            lines += [
-                "",
-                f"{name}: plain vLLM fed the same way with its engine core and worker in one "
-                f"process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) {fmt(r['a_inproc_tok_s'])} tok/s; "
-                f"(c) over it {fmt(r['c_over_a_inproc'], 3)}.",
-            ]
-        if "c_fixed_tok_s" in r:
-            lines += [
-                "",
-                f"{name}: (c) with each replica's units in flight fixed at its starting count "
-                f"({r['rounds'][0]['c_fixed_units']}; no growth when its engine runs short) "
-                f"{fmt(r['c_fixed_tok_s'])} tok/s, mean engine batch "
-                f"{fmt(r['c_fixed_mean_batch'])}; (c) as shipped {fmt(r['c_mean_batch'])} "
-                f"(peak units held {r['rounds'][0]['c_peak_units']}), (c) over it "
-                f"{fmt(r['c_over_c_fixed'], 3)}.",
-            ]
-        if "a_rounds_tok_s" in r:
-            lines += [
-                "",
-                f"{name}: plain vLLM as turn rounds of `LLM.generate` (one call per round, "
-                f"a round barrier) {fmt(r['a_rounds_tok_s'])} tok/s; (c) over it "
-                f"{fmt(r['c_over_a_rounds'], 3)}.",
             ]
     lines += [
         "",
@@ -899,32 +690,13 @@ def main() -> None:
         help="leave (b), the two-pass flow, out: (a) and (c) only, P1 without P2; for the "
         f"real target (`{REAL}`), where P2 is not asked; the toys' section reports P2",
     )
+    p.add_argument("--turns", choices=("all", "last"), default=None, help="default: the config's")
     p.add_argument("--profile", action="store_true")
-    p.add_argument(
-        "--rounds-baseline",
-        default="trained",
-        help="targets on which (a) is also run as turn rounds of LLM.generate (reported apart)",
-    )
-    p.add_argument(
-        "--inprocess-baseline",
-        default="trained",
-        help="targets on which (a) is also run with vLLM in one process (reported apart)",
-    )
-    p.add_argument(
-        "--fixed-units-baseline",
-        default="",
-        help="targets on which (c) is also run with its units in flight fixed (reported apart; "
-        "bench/regenerate_ab.py --ab growth measures that on its own)",
-    )
     p.add_argument(
         "--keep-profile", type=Path, default=None, help="copy the raw py-spy output here"
     )
     p.add_argument("--no-write", action="store_true", help="print only; leave results files alone")
-    p.add_argument("--inprocess-child", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.inprocess_child:
-        _inprocess_child(args.inprocess_child)
-        return
     targets = args.targets.split(",")
     if args.no_two_pass and set(targets) - {REAL}:
         raise SystemExit(f"--no-two-pass is for --targets {REAL} (the toys' section reports P2)")
@@ -1063,17 +835,7 @@ def record_toys(results: dict, codec: dict, args, load: float) -> None:
     for name, r in results.items():
         prefix = "regen_" if name == "large" else f"regen_{name}_"
         keys = ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2")
-        extra = (
-            "a_rounds_tok_s",
-            "c_over_a_rounds",
-            "a_inproc_tok_s",
-            "c_over_a_inproc",
-            "c_fixed_tok_s",
-            "c_over_c_fixed",
-            "c_mean_batch",
-            "c_fixed_mean_batch",
-        )
-        for key in keys + tuple(k for k in extra if k in r):
+        for key in keys + tuple(k for k in ("b_tok_s", "P2") if k not in keys and k in r):
             flat[f"{prefix}{key}"] = round(r[key]["median"], 3)
             flat[f"{prefix}{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]
         if name == "large":

@@ -11,7 +11,7 @@ and files are recycled: the reader renames a file it has read to a free slot
 (`.free-<writer>-<step mod SPOOL_SLOTS>`) that the writer takes again
 SPOOL_SLOTS steps later, so a step overwrites pages tmpfs already holds
 instead of allocating new ones (the engine writes a file every step, on the
-model worker's critical path: bench/writeback_replay.py has the figures).
+model worker's critical path: bench/RESULTS.md has the figures).
 No pickle: a spool file is data and never executes code when read.
 """
 

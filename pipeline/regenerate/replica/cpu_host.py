@@ -8,8 +8,7 @@ taken from the forward. After the engine is up, `place_host_work` reads
 which CPUs the workers' threads are bound to (Linux affinity masks, nothing
 guessed), moves the calling thread, the write-back process and the engine's
 other processes onto the remaining CPUs, and the engine core onto the
-workers' CPUs (on a CPU engine the two take turns: bench/RESULTS.md,
-`regenerate_ab.py --ab engine_core`). Threads created afterwards (the
+workers' CPUs (on a CPU engine the two take turns: bench/RESULTS.md). Threads created afterwards (the
 feeder and its pools) inherit the calling thread's mask. Where no worker is
 bound (a GPU engine, a CPU engine started with
 `VLLM_CPU_OMP_THREADS_BIND=nobind`), or the workers hold every CPU, it

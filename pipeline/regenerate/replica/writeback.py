@@ -73,8 +73,7 @@ class WritebackConfig(ConfigModel):
 
     # "process": a child of the replica at `nice` above it, which reads the engine's
     # capture spool itself (writeback_process.py); "threads": in the replica's own
-    # process. The process measured faster on a CPU host (bench/RESULTS.md,
-    # `regenerate_ab.py --ab writeback`).
+    # process. The process measured faster on a CPU host (bench/RESULTS.md).
     mode: Literal["process", "threads"] = "process"
     # Encode threads (codec; capped at the process's CPUs) and shard-write threads.
     num_encode_workers: int = Field(2, gt=0)
