@@ -254,6 +254,19 @@ def host_work_isolated(engine_core_cpus: str = "host"):
         os.sched_setaffinity(0, saved)
 
 
+def engine_cpu() -> dict[str, float]:
+    """CPU seconds so far of (a)'s loop (this process), its engine's model workers and its
+    engine core: what (c)'s `c_cpu_*_s` count for the replica's processes."""
+    from pipeline.regenerate.replica.cpu_host import cmdline, cpu_seconds, descendants
+
+    out = {"loop": cpu_seconds(os.getpid()), "workers": 0.0, "engine": 0.0}
+    for pid in descendants(os.getpid()):
+        title = cmdline(pid)
+        if "VLLM::" in title:
+            out["workers" if "Worker" in title else "engine"] += cpu_seconds(pid)
+    return out
+
+
 PLACEMENTS = ("host", "workers")  # where (a)'s engine core runs (cpu_host.py places (c)'s)
 
 
@@ -274,16 +287,19 @@ def run_a_b(
 
     model_dir = resolve_model(config.target.model)
     llm, tokenizer, start_a = plain_engine(config)
-    runs, extra = {}, {}
+    runs, extra, cpu = {}, {}, {}
     for placement in PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]:
+        before = engine_cpu()
         with host_work_isolated(placement):
             runs[placement] = plain_fed(llm, tokenizer, config, conversations)
+        cpu[placement] = {k: v - before[k] for k, v in engine_cpu().items()}
         extra[f"a_{placement}_s"] = runs[placement][1]
         extra[f"a_{placement}_tok_s"] = runs[placement][3] / runs[placement][1]
     best = max(PLACEMENTS, key=lambda k: extra[f"a_{k}_tok_s"])
     answers, a_s, prompt_tokens, generated, phases = runs[best]
     extra["a_placement"] = best
     extra |= {f"a_{k}": v for k, v in phases.items()}
+    extra |= {f"a_cpu_{role}_s": round(v, 2) for role, v in cpu[best].items()}
     shutdown_engine(llm)
     del llm
     _free()
@@ -600,9 +616,32 @@ def run_target(name: str, args, log: list[str]) -> dict:
     if "a_admit_s" in rounds[0]:  # where each loop's time went, (a)'s and (c)'s alike
         for phase in ("admit_s", "step_s", "handle_s"):
             out[f"a_{phase}"], out[f"c_{phase}"] = med(f"a_{phase}"), med(f"c_{phase}")
+    for r in rounds:  # every process of each path, summed: what a 2-core host must fit
+        r["a_cpu_s"] = round(sum(v for k, v in r.items() if k.startswith("a_cpu_")), 2)
+        r["c_cpu_s"] = round(sum(v for k, v in r.items() if k.startswith("c_cpu_")), 2)
+        r["cpu_ratio_a_over_c"] = round(r["a_cpu_s"] / r["c_cpu_s"], 3)
+    for key in ("a_cpu_s", "c_cpu_s", "cpu_ratio_a_over_c"):
+        out[key] = med(key)
+    for key in (k for k in rounds[0] if k.startswith(("a_cpu_", "c_cpu_"))):
+        out.setdefault(key, med(key))
     if profile_shares:
         out["profile_c_percent"] = profile_shares
     return out
+
+
+def cpu_line(r: dict) -> str:
+    """CPU seconds of every process of (a) and of (c), by role: on a host whose cores the
+    paths fill, P1 cannot exceed (a)'s CPU over (c)'s."""
+    a = ", ".join(
+        f"{k[6:-2]} {fmt_spread(r[k], 2)}" for k in r if k.startswith("a_cpu_") and k != "a_cpu_s"
+    )
+    c = ", ".join(
+        f"{k[6:-2]} {fmt_spread(r[k], 2)}" for k in r if k.startswith("c_cpu_") and k != "c_cpu_s"
+    )
+    return (
+        f"CPU seconds, (a) {fmt_spread(r['a_cpu_s'], 2)} ({a}); (c) {fmt_spread(r['c_cpu_s'], 2)} "
+        f"({c}); (a) over (c) {fmt_spread(r['cpu_ratio_a_over_c'], 3)}."
+    )
 
 
 def _opt(r: dict, key: str, digits: int = 0) -> str:
@@ -653,6 +692,7 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 f"{fmt(r['a_handle_s'], 2)} / {fmt(r['c_handle_s'], 2)} ((c)'s steps include the "
                 "capture in the step and taking its rows).",
             ]
+        lines += ["", f"{name}: {cpu_line(r)}"]
     lines += [
         "",
         "bf16 codec at the 2.8T example's width (hidden 7168 x 6 states, 512 tokens): "
@@ -819,7 +859,7 @@ def write_real_markdown(r: dict, args, load: float) -> None:
             f"{fmt(r['c_handle_s'], 2)} ((c)'s steps include the capture in the step and "
             "taking its rows).",
         ]
-    lines += ["", "Per round:", ""]
+    lines += ["", cpu_line(r), "", "Per round:", ""]
     for i, rnd in enumerate(rounds):
         keep = {k: v for k, v in rnd.items() if not k.endswith("tokens") or k.startswith("c_")}
         lines.append(f"* round {i}: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
