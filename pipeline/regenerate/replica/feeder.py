@@ -11,11 +11,6 @@ byte before it exists, and nothing needs an event loop inside the engine's
 process; vLLM's engine core runs in its own process and keeps stepping while
 this thread handles results (docs/capture.md).
 
-A unit's first turns are rendered by the caller of `submit_unit`, while the
-engine steps: with short answers requests finish within a few steps, and
-every moment the engine thread spends rendering the engine waits for it.
-Follow-up turns render on the engine thread as their turn returns.
-
 Admission: requests of older units first (a unit's shard is written when its
 last sample lands), up to `max_requests_in_flight` (a little above the
 engine's own `max_num_seqs`, so the engine never waits for the next request)
@@ -105,11 +100,7 @@ class EngineFeeder:
         self.writeback.bind(backend, on_fatal=self._writeback_lost)
         self.stats = FeedStats()
         self._cond = threading.Condition()
-        # (job, its first requests, rendered by the caller, future)
-        self._incoming: list[tuple[UnitJob, list[GenerationRequest], Future]] = []
-        # The tokenizer renders on the caller's thread (a unit's first turns) and on the
-        # engine thread (follow-up turns): one at a time.
-        self._render_lock = threading.Lock()
+        self._incoming: list[tuple[UnitJob, Future]] = []
         self._futures: dict[int, Future] = {}  # id(job) -> its result
         self._pending: list[tuple[tuple[int, int], int, UnitJob, GenerationRequest]] = []
         self._order = itertools.count()
@@ -138,17 +129,12 @@ class EngineFeeder:
     def submit_unit(self, unit: WorkUnit, spec: UnitSpec) -> Future[UnitResult]:
         """Start `unit`; the future resolves once its shard is written."""
         future: Future[UnitResult] = Future()
-        job = UnitJob(unit, spec, self.tokenizer)
-        # Rendered here, while the engine steps: admission runs on the engine thread, and
-        # an engine whose short requests finish within a few steps waits for it.
-        with self._render_lock:
-            first = job.first_requests()
         with self._cond:
             if self._fatal is not None:
                 raise RuntimeError(f"the engine failed earlier: {self._fatal!r}")
             if self._stopping:
                 raise RuntimeError("the feeder is closed")
-            self._incoming.append((job, first, future))
+            self._incoming.append((UnitJob(unit, spec, self.tokenizer), future))
             self._cond.notify()
         return future
 
@@ -226,8 +212,8 @@ class EngineFeeder:
                 admitting = time.perf_counter()
                 if self.stats.steps:  # before the first unit the engine is not idle, only unused
                     self.stats.idle_seconds += admitting - waited
-                for job, first, future in incoming:
-                    self._start(job, first, future)
+                for job, future in incoming:
+                    self._start(job, future)
                 if incoming:
                     self.writeback.flush()  # a unit whose every conversation failed to render
                 self._admit()
@@ -254,17 +240,17 @@ class EngineFeeder:
             with self._cond:
                 self._fatal = err
                 self._release_hunger(False)
-            for future in list(self._futures.values()) + [f for _, _, f in self._incoming]:
+            for future in list(self._futures.values()) + [f for _, f in self._incoming]:
                 if not future.done():
                     future.set_exception(err)
             if self.on_fatal is not None:
                 self.on_fatal(err)
 
-    def _start(self, job: UnitJob, first: list[GenerationRequest], future: Future) -> None:
+    def _start(self, job: UnitJob, future: Future) -> None:
         key = id(job)
         self._futures[key] = future
         self._seq[key] = next(self._order)
-        for index, request in enumerate(first):
+        for index, request in enumerate(job.first_requests()):
             self._push(job, request, index)
         if job.done:  # every conversation failed before reaching the engine
             self._finish(job)
@@ -304,8 +290,7 @@ class EngineFeeder:
     def _on_result(self, result: Result) -> None:
         job, cost = self._owner.pop(result.request_id)
         self._reserved -= cost
-        with self._render_lock:  # its follow-up turns render here
-            sample, follow_ups = job.on_result(result)
+        sample, follow_ups = job.on_result(result)
         if sample is not None:
             sid = result.request_id
             self.writeback.add(
