@@ -50,7 +50,9 @@ def long_files(root: Path = PIPELINE) -> dict[str, int]:
 
 def test_no_function_over_80_lines():
     assert _modules()  # the walk found the package
-    assert long_functions() == {}, f"split these into named steps (at most {MAX_FUNCTION_LINES} lines)"
+    assert long_functions() == {}, (
+        f"split these into named steps (at most {MAX_FUNCTION_LINES} lines)"
+    )
 
 
 def test_no_module_over_400_lines():

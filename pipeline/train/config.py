@@ -197,6 +197,9 @@ class LossConfig(ConfigModel):
     # eagle3 only: step s (0-based) of the unrolled training-time test is
     # weighted by ttt_step_decay**s (EAGLE-3: 0.8); replaces gamma.
     ttt_step_decay: float = Field(0.8, gt=0.0, le=1.0)
+    # CE-first: the first this share of num_steps ramps linearly from CE alone to the
+    # weights above (pipeline/train/schedule.py); 0: the weights above from step 0.
+    ce_first_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     # Valid slots per chunk of the vocabulary-sized loss: memory only (logits and
     # softmaxes exist for this many slots at a time), not the loss' value.
     chunk_size: int = Field(1024, gt=0)
@@ -310,6 +313,10 @@ class TrainConfig(ConfigModel):
     # The DSpark reference recipe: 1 (one 4k-token sample), global batch 512.
     micro_batch_size: int | None = Field(None, gt=0)
     draft: DraftConfig = DraftConfig()
+    # Warm start: a trained draft's run directory or checkpoint whose tensors this draft
+    # shares by name (a DFlash draft for a DSpark one) are copied in before step 0; the
+    # rest keep their initialisation (pipeline/train/warm_start.py). A resumed run ignores it.
+    init_from: str | None = None
     loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
     export: ExportConfig = ExportConfig()

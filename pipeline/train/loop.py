@@ -55,6 +55,7 @@ from pipeline.train.metrics import (
     step_sums,
     write_summary,
 )
+from pipeline.train.schedule import step_loss_weights
 
 if TYPE_CHECKING:
     import torch
@@ -157,10 +158,15 @@ class Trainer:
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.bf16)
 
     def resume(self) -> None:
-        """Continue from the run's latest checkpoint, if any (same spec required)."""
+        """Continue from the run's latest checkpoint, if any (same spec required); a
+        fresh run with `init_from` warm-starts instead (pipeline/train/warm_start.py)."""
         from pipeline.train.data import DataPosition
 
         path = latest_checkpoint(self.out_dir)
+        if path is None and self.config.init_from is not None:
+            from pipeline.train.warm_start import warm_start
+
+            warm_start(self.objective.model, self.spec, self.config.init_from)
         if path is not None:
             ckpt = load_checkpoint(path)
             if ckpt.spec != self.spec:
@@ -224,6 +230,12 @@ class Trainer:
             )
         while self.step < last:
             started = time.perf_counter()
+            self.objective.loss_weights = step_loss_weights(
+                self.loss_weights,
+                step=self.step,
+                num_steps=config.num_steps,
+                ce_first_fraction=config.loss.ce_first_fraction,
+            )
             micro, self.position = next(batches)
             output = self.forward_backward(micro)
             lr, grad_norm = self.optimizer_step()
@@ -303,7 +315,7 @@ class Trainer:
             grad_norm=grad_norm,
             epoch=self.position.epoch,
             seconds=time.perf_counter() - started,
-            loss_weights=self.loss_weights,
+            loss_weights=self.objective.loss_weights,
             micro_batches=output.micro_batches,
             peak_memory_gb=peak_memory_gb(self.device),
             block_size=spec.block_size,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from train_configs import toy_train_config as _config
 
 from pipeline.drafts.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.storage import UnsafePath
@@ -16,8 +17,6 @@ from pipeline.table.gc import gc_dataset
 from pipeline.table.pins import pinned_versions
 from pipeline.train.data import TrainingData
 from pipeline.train.trainer import train
-
-from .test_trainer import _config
 
 
 @pytest.fixture

@@ -7,36 +7,15 @@ import math
 
 import pytest
 import torch
+from train_configs import toy_train_config as _config
 
 from pipeline.drafts.checkpoint import latest_checkpoint
-from pipeline.train.config import parse_train_config
 from pipeline.train.trainer import train
 
 # Two gloo workers vs one process: same samples, same normaliser, only the
 # order of float additions differs (all-reduce of gradients and metric sums).
 # Measured differences after 4 AdamW steps: ~1e-6 relative; we allow 1e-4.
 WORKER_RTOL = 1e-4
-
-
-def _config(shards, out_dir, **overrides):
-    base = dict(
-        target="toy:trained",
-        data=dict(uri=str(shards), num_anchors=32, heldout_fraction=0.1, prefetch=1),
-        out_dir=str(out_dir),
-        num_steps=8,
-        global_batch_size=4,
-        draft=dict(num_layers=1, block_size=4, sample_from_anchor=False, markov_rank=16),
-        optim=dict(lr=3e-3, warmup_fraction=0.1),
-        checkpoint_every=4,
-        log_every=100,
-        num_threads=1,
-    )
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            base[key] = {**base.get(key, {}), **value}
-        else:
-            base[key] = value
-    return parse_train_config(base)
 
 
 def test_loss_falls_on_toy_shards(toy_shards, tmp_path):
