@@ -12,8 +12,9 @@
    each reading its own subset of the captured layers (train-real*.yaml);
 5. measures their acceptance length per domain offline (T=0) on the held-out
    split and on the source every draft was trained without (`REAL_LEFT_OUT`),
-   prints both tables, each draft's ratio of the two, and one line on what the
-   held-out table supports about DSpark against DFlash (pipeline/demo/verdict.py).
+   prints both tables, each draft's ratio of the two, and one line naming the
+   leader of the held-out table with its ratio over each other draft and the
+   ratios' intervals (pipeline/demo/verdict.py).
 
 The budget here is a demo's (minutes of CPU per draft), not a benchmark's:
 bench/real_target.py trains the same drafts longer and adds serving speed

@@ -11,8 +11,8 @@
    vLLM (output identical to plain decoding, acceptance counters);
 6. measures both drafts' acceptance length per domain offline and prints the
    table (only drafts it trained, and an untrained floor), the plot paths and
-   one line on what the table supports about DSpark against DFlash at the
-   demo's budget (pipeline/demo/verdict.py).
+   one line naming the leader, with its ratio over the other draft and that
+   ratio's interval at the demo's budget (pipeline/demo/verdict.py).
 
 Every step is resumable: a second `make demo` reuses the target and finds the
 dataset's units committed.

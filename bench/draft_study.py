@@ -1,0 +1,466 @@
+"""The draft study: which recipe of each draft kind accepts the most tokens for its
+training compute on the real target, screened by successive halving.
+
+    .venv/bin/python bench/draft_study.py --data DATASET --work WORK
+        [--budgets 300 1200 4800] [--keep 3 1] [--seeds 0] [--final-seeds 0 1]
+        [--only CELL ...] [--max-samples N]
+
+Every cell is a recipe: a draft of pipeline/demo/configs/train-real*.yaml (DSpark,
+DFlash, EAGLE-3) with a few keys changed (GRID). At the first budget every cell
+trains; after each budget the best `--keep` cells of each kind by held-out T=0
+macro tau go on to the next budget, with one more per kind that combines every
+single change that beat the kind's base at the first budget (the cells cut are
+recorded). The last budget trains each survivor under every seed of
+`--final-seeds`. Each run lives in WORK/<cell>/steps<N>-seed<S>/ and its figures
+in study.json there: a rerun reuses every finished run and resumes an
+interrupted one from its checkpoint.
+
+Per run: the exact offline T=0 walk on the held-out split of the training
+mixture and on every sample of the source left out of training (REAL_LEFT_OUT),
+macro and per domain, with bootstrap intervals; DSpark also without its heads
+(the backbone vLLM's CPU build serves); the teacher-forced expected acceptance at
+T=1 on the trainer's held-out samples (`tau_tv`, 1 + sum_k prod_i (1 - TV_i));
+training seconds (a warm start counts its source's too) and context tokens; the
+draft's layer passes per drafting round (DSpark/DFlash: its layers once over the
+block; EAGLE-3: its layer once per drafted token), a proxy for the served
+cost. Figures merge into bench/results.json as `study_*`, the section of
+bench/RESULTS.md is replaced, and bench/figures/study_tau_vs_compute.png plots
+tau against training seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from results_file import merge_results, public_command, write_section  # bench/ is sys.path[0]
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FIGURES = Path(__file__).resolve().parent / "figures"
+RESULT = "study.json"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A recipe: a draft of REAL_DRAFTS with `changes` (dotted training-config keys)."""
+
+    name: str
+    draft: str  # DSpark | DFlash | EAGLE-3
+    changes: dict = field(default_factory=dict)
+    warm_from: str | None = None  # a cell whose run (same budget, seed) this one starts from
+
+
+def _variants(draft: str, prefix: str, changes: dict[str, dict]) -> list[Cell]:
+    return [Cell(prefix, draft)] + [Cell(f"{prefix}-{k}", draft, v) for k, v in changes.items()]
+
+
+GRID: tuple[Cell, ...] = (
+    *_variants(
+        "DSpark",
+        "dspark",
+        {
+            "L2": {"draft.num_layers": 2},
+            "L3": {"draft.num_layers": 3},
+            "B8": {"draft.block_size": 8},
+            "A256": {"data.num_anchors": 256},
+            "R256": {"draft.markov_rank": 256},
+            "tv09": {"loss.tv_weight": 0.9},  # the paper's 0.1 CE + 0.9 TV
+            "cefirst": {"loss.ce_first_fraction": 0.5},
+        },
+    ),
+    Cell("dspark-warm", "DSpark", {}, warm_from="dflash"),
+    *_variants(
+        "DFlash",
+        "dflash",
+        {
+            "L2": {"draft.num_layers": 2},
+            "L3": {"draft.num_layers": 3},
+            "B8": {"draft.block_size": 8},
+            "A256": {"data.num_anchors": 256},
+        },
+    ),
+    *_variants(
+        "EAGLE-3", "eagle3", {"S7": {"draft.block_size": 7}, "A256": {"data.num_anchors": 256}}
+    ),
+)
+
+
+@dataclass
+class Study:
+    """Where the study reads and writes, and how a run is evaluated."""
+
+    data: str
+    work: Path
+    target: str = "smollm2-135m-instruct"
+    left_out: tuple[str, ...] = ()
+    max_samples: int | None = None
+    base: dict[str, tuple] = field(default_factory=dict)  # draft -> (yaml path, overrides)
+
+    def run_dir(self, cell: Cell, budget: int, seed: int) -> Path:
+        return self.work / cell.name / f"steps{budget}-seed{seed}"
+
+    def run(self, cell: Cell, budget: int, seed: int, cells: dict[str, Cell]) -> dict:
+        """The figures of `cell` at `budget` steps and `seed`: read back when finished,
+        else trained (or resumed) and evaluated, then written."""
+        from pipeline.storage import write_text_atomic
+        from pipeline.train.config import load_train_config
+        from pipeline.train.trainer import train
+
+        out = self.run_dir(cell, budget, seed)
+        if (out / RESULT).exists():
+            return json.loads((out / RESULT).read_text())
+        changes = {**cell.changes}
+        source_seconds = 0.0
+        if cell.warm_from:
+            source = self.run(cells[cell.warm_from], budget, seed, cells)
+            changes["init_from"] = source["run_dir"]
+            source_seconds = source["train_seconds"]
+        path, overrides = self.base[cell.draft]
+        config = load_train_config(
+            path,
+            overrides={
+                **overrides,
+                "data.uri": self.data,
+                "out_dir": str(out / "train"),
+                "num_steps": budget,
+                "seed": seed,
+                **changes,
+            },
+        )
+        result = train(config)
+        heldout, left_out = self._evaluate(cell, out)
+        spec = json.loads((result.checkpoint / "spec.json").read_text())
+        passes = spec["num_layers"] * (spec["block_size"] if spec["kind"] == "eagle3" else 1)
+        record = {
+            "cell": cell.name,
+            "draft": cell.draft,
+            "changes": changes,
+            "budget": budget,
+            "seed": seed,
+            "run_dir": str(result.out_dir),
+            "train_seconds": round(sum(m["seconds"] for m in result.metrics) + source_seconds, 1),
+            "train_tokens": sum(m["tokens"] for m in result.metrics),
+            "layer_passes_per_round": passes,
+            "tau_t1_teacher_forced": round(result.heldout.get("tau_tv", math.nan), 4),
+            "heldout": heldout,
+            "left_out": left_out,
+        }
+        write_text_atomic(out / RESULT, json.dumps(record))
+        return record
+
+    def _evaluate(self, cell: Cell, out: Path) -> tuple[dict, dict]:
+        """T=0 rows on the held-out split and on the left-out source: {row: offline_t0}."""
+        from pipeline.evaluate.config import parse_eval_config
+        from pipeline.evaluate.run import run_evaluation
+
+        drafts = [dict(name="draft", path=str(out / "train"))]
+        if cell.draft == "DSpark":
+            drafts.append(dict(name="backbone", path=str(out / "train"), use_heads=False))
+        data = dict(
+            uri=self.data, exclude_sources=list(self.left_out), max_samples=self.max_samples
+        )
+        rows = []
+        sets = [("eval", data)]
+        if self.left_out:
+            sets.append(
+                (
+                    "eval-left-out",
+                    dict(
+                        uri=self.data,
+                        sources=list(self.left_out),
+                        split="all",
+                        max_samples=self.max_samples,
+                    ),
+                )
+            )
+        for name, d in sets:
+            config = dict(
+                target=self.target,
+                out_dir=str(out / name),
+                data=d,
+                drafts=drafts,
+                calibration=dict(enabled=False),
+            )
+            report = run_evaluation(parse_eval_config(config, "bench/draft_study.py")).report
+            rows.append({n: r["offline_t0"] for n, r in report["drafts"].items()})
+        return rows[0], (rows[1] if len(rows) > 1 else {})
+
+
+def macro(run: dict, where: str = "heldout", row: str = "draft") -> float:
+    return run[where].get(row, {}).get("tau_macro", math.nan)
+
+
+def combined(cells: list[Cell], first: dict[str, float]) -> list[Cell]:
+    """Per draft kind, one cell with every single change that beat its base at the first
+    budget (of changes to one key, the best); none where no change beat the base."""
+    out = []
+    for draft in dict.fromkeys(c.draft for c in cells):
+        base = next(c for c in cells if c.draft == draft and not c.changes and not c.warm_from)
+        best: dict[str, tuple[float, Cell]] = {}
+        for c in cells:
+            if c.draft == draft and len(c.changes) == 1 and first.get(c.name, 0) > first[base.name]:
+                (key,) = c.changes
+                if key not in best or first[c.name] > best[key][0]:
+                    best[key] = (first[c.name], c)
+        if len(best) > 1:
+            winners = sorted(best.values(), key=lambda t: t[1].name)
+            name = (
+                base.name + "+" + "+".join(c.name.removeprefix(base.name + "-") for _, c in winners)
+            )
+            out.append(Cell(name, draft, {k: v for _, c in winners for k, v in c.changes.items()}))
+    return out
+
+
+def halving(
+    study: Study, grid: tuple[Cell, ...], budgets: list[int], keep: list[int], seeds, final_seeds
+) -> dict:
+    """Successive halving over `budgets`; {"runs": [...], "cut": {budget: [cells]}}."""
+    cells = {c.name: c for c in grid}
+    alive = list(grid)
+    runs, cut = [], {}
+    for i, budget in enumerate(budgets):
+        last = i == len(budgets) - 1
+        scores: dict[str, float] = {}
+        for cell in alive:
+            got = [
+                study.run(cell, budget, s, cells) for s in (final_seeds if last and i else seeds)
+            ]
+            runs.extend(got)
+            scores[cell.name] = sum(macro(r) for r in got) / len(got)
+        if last:
+            break
+        survivors = []
+        for draft in dict.fromkeys(c.draft for c in alive):
+            ranked = sorted((c for c in alive if c.draft == draft), key=lambda c: -scores[c.name])
+            survivors += ranked[: keep[min(i, len(keep) - 1)]]
+        if i == 0:
+            extra = combined(alive, scores)
+            cells.update({c.name: c for c in extra})
+            survivors += extra
+        cut[budget] = sorted(c.name for c in alive if c not in survivors)
+        alive = survivors
+    return {"runs": runs, "cut": cut}
+
+
+def best_runs(runs: list[dict], budget: int) -> dict[str, dict]:
+    """Per draft kind, the seed-0 run of its best cell at `budget` (mean over seeds)."""
+    by_cell: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["budget"] == budget:
+            by_cell.setdefault(r["cell"], []).append(r)
+    best: dict[str, tuple[float, dict]] = {}
+    for got in by_cell.values():
+        score = sum(macro(r) for r in got) / len(got)
+        draft = got[0]["draft"]
+        if draft not in best or score > best[draft][0]:
+            best[draft] = (score, min(got, key=lambda r: r["seed"]))
+    return {d: r for d, (_, r) in best.items()}
+
+
+def paired(a: dict, b: dict, where: str) -> dict | None:
+    """DSpark-style ratio of two runs' macro tau with its paired bootstrap interval."""
+    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
+
+    x, y = a[where].get("draft"), b[where].get("draft")
+    if not x or not y:
+        return None
+    point, lo, hi = ratio_interval(
+        PerSample.from_dict(x["per_sample"]), PerSample.from_dict(y["per_sample"])
+    )
+    return {
+        "ratio": round(point, 3),
+        "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
+    }
+
+
+def compact(run: dict) -> dict:
+    def tau(where: str, row: str = "draft"):
+        t = run[where].get(row)
+        return (
+            None
+            if not t
+            else {
+                "macro": t["tau_macro"],
+                "ci95": t.get("tau_macro_ci95"),
+                "by_domain": t["tau_by_domain"],
+            }
+        )
+
+    out = {
+        k: run[k]
+        for k in (
+            "cell",
+            "draft",
+            "budget",
+            "seed",
+            "train_seconds",
+            "train_tokens",
+            "layer_passes_per_round",
+            "tau_t1_teacher_forced",
+        )
+    }
+    out["changes"] = {k: v for k, v in run["changes"].items() if k != "init_from"}
+    out["T0_heldout"], out["T0_left_out"] = tau("heldout"), tau("left_out")
+    if run["heldout"].get("backbone"):
+        out["T0_heldout_backbone"] = tau("heldout", "backbone")
+    return out
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {"DSpark": "tab:red", "DFlash": "tab:blue", "EAGLE-3": "tab:green"}
+    for draft, colour in colours.items():
+        mine = [r for r in runs if r["draft"] == draft]
+        if not mine:
+            continue
+        ax.scatter(
+            [r["train_seconds"] for r in mine],
+            [macro(r) for r in mine],
+            s=14,
+            alpha=0.35,
+            color=colour,
+        )
+        front = [
+            best_runs(runs, b)[draft]
+            for b in sorted({r["budget"] for r in mine})
+            if draft in best_runs(runs, b)
+        ]
+        xs, ys = [r["train_seconds"] for r in front], [macro(r) for r in front]
+        cis = [r["heldout"]["draft"]["tau_macro_ci95"] for r in front]
+        err = [
+            [y - ci[0] for ci, y in zip(cis, ys, strict=True)],
+            [ci[1] - y for ci, y in zip(cis, ys, strict=True)],
+        ]
+        ax.errorbar(
+            xs, ys, yerr=err, color=colour, marker="o", label=f"{draft} (best cell per budget)"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("training seconds (2 CPU cores; a warm start counts its source)")
+    ax.set_ylabel("held-out macro tau, T=0 (95% CI)")
+    ax.set_title("Draft study, SmolLM2-135M-Instruct: acceptance against training compute")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) -> str:
+    def fmt(t) -> str:
+        if not t:
+            return "-"
+        ci = t.get("tau_macro_ci95")
+        return f"{t['tau_macro']:.3f}" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+
+    lines = [
+        "## Draft study (bench/draft_study.py, keys study_*)",
+        "",
+        f"SmolLM2-135M-Instruct; `{command}`. Held-out split of the training mixture and every sample "
+        f"of the source left out of training ({', '.join(left_out)}); T=0 exact offline walk, 95% "
+        "bootstrap intervals; T=1 tf: teacher-forced expected acceptance on the trainer's held-out "
+        "samples; passes: draft layer passes per drafting round. Plot: "
+        "[figures/study_tau_vs_compute.png](figures/study_tau_vs_compute.png).",
+        "",
+        "| budget | cell | seed | train s | passes | T=0 held-out | T=0 left-out | DSpark backbone | T=1 tf |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["budget"], r["draft"], -macro(r))):
+        lines.append(
+            f"| {r['budget']} | {r['cell']} | {r['seed']} | {r['train_seconds']:.0f} | {r['layer_passes_per_round']} | "
+            f"{fmt(r['heldout'].get('draft'))} | {fmt(r['left_out'].get('draft'))} | "
+            f"{fmt(r['heldout'].get('backbone'))} | {r['tau_t1_teacher_forced']:.3f} |"
+        )
+    lines += ["", "Cut (successive halving, by held-out T=0 macro tau):", ""]
+    lines += [f"* after {b} steps: {', '.join(names) or 'none'}" for b, names in cut.items()]
+    lines += [
+        "",
+        "Best cell of each kind at the last budget, paired ratios of macro tau (T=0):",
+        "",
+    ]
+    for key, value in ratios.items():
+        if value:
+            ci = "{:.3f}-{:.3f}".format(*value["ci95"]) if value["ci95"] else "no interval"
+            lines.append(f"* {key} **= {value['ratio']:.3f}** (95% CI {ci}; {value['cells']})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--data", required=True, help="a real-target dataset (bench/real_target.py's)"
+    )
+    parser.add_argument(
+        "--work", type=Path, required=True, help="runs live here; a rerun reuses them"
+    )
+    parser.add_argument("--budgets", type=int, nargs="+", default=[300, 1200, 4800])
+    parser.add_argument(
+        "--keep", type=int, nargs="+", default=[3, 1], help="cells per kind carried up"
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--final-seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--only", nargs="+", default=None, help="cells of GRID to run")
+    parser.add_argument("--max-samples", type=int, default=None, help="held-out samples per run")
+    args = parser.parse_args()
+
+    from pipeline.demo import CONFIG_DIR
+    from pipeline.demo.real import REAL_DRAFTS, REAL_LEFT_OUT
+    from pipeline.logs import setup_logging
+
+    setup_logging()
+    study = Study(
+        data=args.data,
+        work=args.work,
+        left_out=REAL_LEFT_OUT,
+        max_samples=args.max_samples,
+        base={n: (CONFIG_DIR / y, o) for n, (y, _, o) in REAL_DRAFTS.items()},
+    )
+    grid = tuple(c for c in GRID if args.only is None or c.name in args.only)
+    done = halving(study, grid, args.budgets, args.keep, args.seeds, args.final_seeds)
+    runs, cut = done["runs"], done["cut"]
+    last = max(r["budget"] for r in runs)
+    best = best_runs(runs, last)
+    ratios = {}
+    for num, den in (("DSpark", "DFlash"), ("DSpark", "EAGLE-3")):
+        if num in best and den in best:
+            for where, tag in (("heldout", ""), ("left_out", "_left_out")):
+                value = paired(best[num], best[den], where)
+                if value:
+                    value["cells"] = f"{best[num]['cell']} / {best[den]['cell']}, {last} steps"
+                    ratios[f"study_{num.lower()}_over_{den.lower().replace('-', '')}_T0{tag}"] = (
+                        value
+                    )
+    FIGURES.mkdir(exist_ok=True)
+    plot(runs, FIGURES / "study_tau_vs_compute.png")
+    command = public_command(
+        "bench/draft_study.py", sys.argv[1:], {"--data": "DATASET", "--work": "WORK"}
+    )
+    merge_results(
+        {
+            "study_budgets": sorted({r["budget"] for r in runs}),
+            "study_runs": [compact(r) for r in runs],
+            "study_cut": {str(b): n for b, n in cut.items()},
+            "study_best": {d: r["cell"] for d, r in best.items()},
+            **ratios,
+        },
+        replace=("study_",),
+    )
+    write_section("bench/draft_study.py", markdown(runs, cut, ratios, command, REAL_LEFT_OUT))
+    print(
+        json.dumps(
+            {"best": {d: (r["cell"], macro(r)) for d, r in best.items()}, **ratios}, indent=2
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
