@@ -67,7 +67,7 @@ GRID: tuple[Cell, ...] = (
             "L2": {"draft.num_layers": 2},
             "L3": {"draft.num_layers": 3},
             "B8": {"draft.block_size": 8},
-            "A256": {"data.num_anchors": 256},
+            "A128": {"data.num_anchors": 128},
             "R256": {"draft.markov_rank": 256},
             "tv09": {"loss.tv_weight": 0.9},  # the paper's 0.1 CE + 0.9 TV
             "cefirst": {"loss.ce_first_fraction": 0.5},
@@ -81,11 +81,11 @@ GRID: tuple[Cell, ...] = (
             "L2": {"draft.num_layers": 2},
             "L3": {"draft.num_layers": 3},
             "B8": {"draft.block_size": 8},
-            "A256": {"data.num_anchors": 256},
+            "A128": {"data.num_anchors": 128},
         },
     ),
     *_variants(
-        "EAGLE-3", "eagle3", {"S7": {"draft.block_size": 7}, "A256": {"data.num_anchors": 256}}
+        "EAGLE-3", "eagle3", {"S7": {"draft.block_size": 7}, "A128": {"data.num_anchors": 128}}
     ),
 )
 
@@ -105,9 +105,8 @@ class Study:
         return self.work / cell.name / f"steps{budget}-seed{seed}"
 
     def run(self, cell: Cell, budget: int, seed: int, cells: dict[str, Cell]) -> dict:
-        """The figures of `cell` at `budget` steps and `seed`: read back when finished,
-        else trained (or resumed) and evaluated, then written."""
-        from pipeline.storage import write_text_atomic
+        """The training figures of `cell` at `budget` steps and `seed`: read back when
+        written, else trained (or resumed from its checkpoint) and written."""
         from pipeline.train.config import load_train_config
         from pipeline.train.trainer import train
 
@@ -133,7 +132,6 @@ class Study:
             },
         )
         result = train(config)
-        heldout, left_out = self._evaluate(cell, out)
         spec = json.loads((result.checkpoint / "spec.json").read_text())
         passes = spec["num_layers"] * (spec["block_size"] if spec["kind"] == "eagle3" else 1)
         record = {
@@ -147,48 +145,56 @@ class Study:
             "train_tokens": sum(m["tokens"] for m in result.metrics),
             "layer_passes_per_round": passes,
             "tau_t1_teacher_forced": round(result.heldout.get("tau_tv", math.nan), 4),
-            "heldout": heldout,
-            "left_out": left_out,
+            "heldout": {},
+            "left_out": {},
         }
-        write_text_atomic(out / RESULT, json.dumps(record))
+        self.save(record)
         return record
 
-    def _evaluate(self, cell: Cell, out: Path) -> tuple[dict, dict]:
-        """T=0 rows on the held-out split and on the left-out source: {row: offline_t0}."""
+    def save(self, record: dict) -> None:
+        from pipeline.storage import write_text_atomic
+
+        out = Path(record["run_dir"]).parent
+        write_text_atomic(out / RESULT, json.dumps(record))
+
+    def evaluate(self, records: list[dict], where: str, *, backbone: bool = False) -> None:
+        """Fill `record[where]` ("heldout" or "left_out": {row: offline_t0}) of every record
+        that lacks it, all in one evaluation (the samples are read once); DSpark runs also
+        get their backbone row when `backbone`."""
         from pipeline.evaluate.config import parse_eval_config
         from pipeline.evaluate.run import run_evaluation
 
-        drafts = [dict(name="draft", path=str(out / "train"))]
-        if cell.draft == "DSpark":
-            drafts.append(dict(name="backbone", path=str(out / "train"), use_heads=False))
-        data = dict(
-            uri=self.data, exclude_sources=list(self.left_out), max_samples=self.max_samples
+        todo = [r for r in records if not r[where] or (backbone and _needs_backbone(r, where))]
+        if not todo:
+            return
+        drafts = []
+        for r in todo:
+            key = f"{r['cell']}@{r['budget']}-{r['seed']}"
+            drafts.append(dict(name=key, path=r["run_dir"]))
+            if backbone and r["draft"] == "DSpark":
+                drafts.append(dict(name=f"{key}/backbone", path=r["run_dir"], use_heads=False))
+        if where == "heldout":
+            data = dict(uri=self.data, exclude_sources=list(self.left_out))
+        else:
+            data = dict(uri=self.data, sources=list(self.left_out), split="all")
+        config = dict(
+            target=self.target,
+            out_dir=str(self.work / "eval" / f"{where}-{len(drafts)}-{drafts[0]['name']}"),
+            data={**data, "max_samples": self.max_samples},
+            drafts=drafts,
+            calibration=dict(enabled=False),
         )
-        rows = []
-        sets = [("eval", data)]
-        if self.left_out:
-            sets.append(
-                (
-                    "eval-left-out",
-                    dict(
-                        uri=self.data,
-                        sources=list(self.left_out),
-                        split="all",
-                        max_samples=self.max_samples,
-                    ),
-                )
-            )
-        for name, d in sets:
-            config = dict(
-                target=self.target,
-                out_dir=str(out / name),
-                data=d,
-                drafts=drafts,
-                calibration=dict(enabled=False),
-            )
-            report = run_evaluation(parse_eval_config(config, "bench/draft_study.py")).report
-            rows.append({n: r["offline_t0"] for n, r in report["drafts"].items()})
-        return rows[0], (rows[1] if len(rows) > 1 else {})
+        rows = run_evaluation(parse_eval_config(config, "bench/draft_study.py")).report["drafts"]
+        for r in todo:
+            key = f"{r['cell']}@{r['budget']}-{r['seed']}"
+            r[where] = {"draft": rows[key]["offline_t0"]}
+            if f"{key}/backbone" in rows:
+                r[where]["backbone"] = rows[f"{key}/backbone"]["offline_t0"]
+            self.save(r)
+
+
+def _needs_backbone(record: dict, where: str) -> bool:
+    return record["draft"] == "DSpark" and "backbone" not in record[where]
 
 
 def macro(run: dict, where: str = "heldout", row: str = "draft") -> float:
@@ -217,23 +223,34 @@ def combined(cells: list[Cell], first: dict[str, float]) -> list[Cell]:
 
 
 def halving(
-    study: Study, grid: tuple[Cell, ...], budgets: list[int], keep: list[int], seeds, final_seeds
+    study: Study,
+    grid: tuple[Cell, ...],
+    budgets: list[int],
+    keep: list[int],
+    seeds: list[int],
+    final_seeds: list[int],
+    left_out_from: int,
 ) -> dict:
-    """Successive halving over `budgets`; {"runs": [...], "cut": {budget: [cells]}}."""
+    """Successive halving over `budgets`; {"runs": [...], "cut": {budget: [cells]}}.
+    Runs at budgets from `left_out_from` on are also measured on the left-out source;
+    at the last budget DSpark runs also without their heads."""
     cells = {c.name: c for c in grid}
     alive = list(grid)
     runs, cut = [], {}
     for i, budget in enumerate(budgets):
         last = i == len(budgets) - 1
-        scores: dict[str, float] = {}
-        for cell in alive:
-            got = [
-                study.run(cell, budget, s, cells) for s in (final_seeds if last and i else seeds)
-            ]
-            runs.extend(got)
-            scores[cell.name] = sum(macro(r) for r in got) / len(got)
+        got = {
+            c.name: [study.run(c, budget, s, cells) for s in (final_seeds if last and i else seeds)]
+            for c in alive
+        }
+        mine = [r for rs in got.values() for r in rs]
+        study.evaluate(mine, "heldout", backbone=last)
+        if budget >= left_out_from and study.left_out:
+            study.evaluate(mine, "left_out", backbone=last)
+        runs.extend(mine)
         if last:
             break
+        scores = {n: sum(macro(r) for r in rs) / len(rs) for n, rs in got.items()}
         survivors = []
         for draft in dict.fromkeys(c.draft for c in alive):
             ranked = sorted((c for c in alive if c.draft == draft), key=lambda c: -scores[c.name])
@@ -311,6 +328,11 @@ def compact(run: dict) -> dict:
     return out
 
 
+def _ci(run: dict, where: str = "heldout") -> list[float] | None:
+    ci = run[where].get("draft", {}).get("tau_macro_ci95")
+    return ci if ci and None not in ci and not any(map(math.isnan, ci)) else None
+
+
 def plot(runs: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -336,7 +358,7 @@ def plot(runs: list[dict], path: Path) -> None:
             if draft in best_runs(runs, b)
         ]
         xs, ys = [r["train_seconds"] for r in front], [macro(r) for r in front]
-        cis = [r["heldout"]["draft"]["tau_macro_ci95"] for r in front]
+        cis = [_ci(r) or [y, y] for r, y in zip(front, ys, strict=True)]
         err = [
             [y - ci[0] for ci, y in zip(cis, ys, strict=True)],
             [ci[1] - y for ci, y in zip(cis, ys, strict=True)],
@@ -360,7 +382,8 @@ def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) 
         if not t:
             return "-"
         ci = t.get("tau_macro_ci95")
-        return f"{t['tau_macro']:.3f}" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+        ok = ci and None not in ci and not any(map(math.isnan, ci))
+        return f"{t['tau_macro']:.3f}" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ok else "")
 
     lines = [
         "## Draft study (bench/draft_study.py, keys study_*)",
@@ -409,7 +432,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--final-seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--only", nargs="+", default=None, help="cells of GRID to run")
-    parser.add_argument("--max-samples", type=int, default=None, help="held-out samples per run")
+    parser.add_argument("--max-samples", type=int, default=None, help="samples per evaluation")
+    parser.add_argument(
+        "--left-out-from",
+        type=int,
+        default=None,
+        help="measure the left-out source from this budget on (default: the second budget)",
+    )
     args = parser.parse_args()
 
     from pipeline.demo import CONFIG_DIR
@@ -425,7 +454,8 @@ def main() -> None:
         base={n: (CONFIG_DIR / y, o) for n, (y, _, o) in REAL_DRAFTS.items()},
     )
     grid = tuple(c for c in GRID if args.only is None or c.name in args.only)
-    done = halving(study, grid, args.budgets, args.keep, args.seeds, args.final_seeds)
+    left_from = args.left_out_from or (args.budgets[1] if len(args.budgets) > 1 else 0)
+    done = halving(study, grid, args.budgets, args.keep, args.seeds, args.final_seeds, left_from)
     runs, cut = done["runs"], done["cut"]
     last = max(r["budget"] for r in runs)
     best = best_runs(runs, last)
