@@ -142,6 +142,7 @@ class Study:
             "seed": seed,
             "run_dir": str(result.out_dir),
             "train_seconds": round(sum(m["seconds"] for m in result.metrics) + source_seconds, 1),
+            "warm_source_seconds": source_seconds,
             "train_tokens": sum(m["tokens"] for m in result.metrics),
             "layer_passes_per_round": passes,
             "tau_t1_teacher_forced": round(result.heldout.get("tau_tv", math.nan), 4),
