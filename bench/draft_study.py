@@ -71,6 +71,8 @@ GRID: tuple[Cell, ...] = (
             "R256": {"draft.markov_rank": 256},
             "tv09": {"loss.tv_weight": 0.9},  # the paper's 0.1 CE + 0.9 TV
             "cefirst": {"loss.ce_first_fraction": 0.5},
+            "cefirst09": {"loss.ce_first_fraction": 0.9},
+            "ce1": {"loss.ce_weight": 1.0},  # 1.0 CE + 0.9 L1 + BCE
         },
     ),
     Cell("dspark-warm", "DSpark", {}, warm_from="dflash"),
