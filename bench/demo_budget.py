@@ -1,7 +1,7 @@
 """Where the demo's DSpark and DFlash drafts settle their order: macro tau against the budget.
 
     .venv/bin/python bench/demo_budget.py [--steps 100,200,300] [--seeds 0,1]
-        [--conversations 600] [--keep DIR]
+        [--conversations 600] [--keep DIR] [--dspark-set KEY=VALUE ...]
 
 Demo-sized data (reference shards of `--conversations` synthetic
 conversations, corpus seed 1 and 256 new tokens as pipeline/demo/configs/toy.yaml
@@ -12,7 +12,8 @@ trained for every budget in `--steps` with every seed in `--seeds` (a budget is
 its own run: the cosine schedule spans it). Each budget's drafts are evaluated
 together on the held-out split (offline T=0 walk, what the demo prints); per
 budget and seed: both macro taus and DSpark / DFlash with its paired bootstrap
-interval. Keys `demo_budget*` merge into bench/results.json; the section
+interval. `--dspark-set` trains DSpark with those config keys changed (e.g.
+`loss.ce_first_fraction=0.5`), in its own run directory. Keys `demo_budget*` merge into bench/results.json; the section
 between the demo_budget markers of bench/RESULTS.md is replaced.
 """
 
@@ -38,11 +39,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=_ints, default=[0, 1])
     parser.add_argument("--conversations", type=int, default=600)
     parser.add_argument("--keep", type=Path, default=None, help="work here and keep it")
+    parser.add_argument("--dspark-set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
+    from pipeline.config import parse_overrides
     from pipeline.demo.reference_shards import write_reference_shards
     from pipeline.demo.train import demo_train_config
     from pipeline.evaluate.config import parse_eval_config
@@ -50,6 +53,8 @@ def main() -> None:
     from pipeline.evaluate.uncertainty import PerSample, ratio_interval
     from pipeline.train.trainer import train
 
+    dspark_set = parse_overrides(args.dspark_set)
+    tag = "-".join(args.dspark_set).replace("=", "").replace(".", "_")
     with tempfile.TemporaryDirectory(prefix="bench-demo-budget-") as tmp:
         work = args.keep or Path(tmp)
         shards = work / f"shards-{args.conversations}"
@@ -67,8 +72,11 @@ def main() -> None:
             for seed in args.seeds:
                 out = work / f"steps{steps}-seed{seed}"
                 for kind, name in (("dspark", "DSpark"), ("dflash", "DFlash")):
+                    overrides = {"seed": seed}
+                    if kind == "dspark" and args.dspark_set:
+                        overrides |= {**dspark_set, "out_dir": str(out / f"train-{tag}")}
                     config = demo_train_config(
-                        out, str(shards), kind=kind, num_steps=steps, overrides={"seed": seed}
+                        out, str(shards), kind=kind, num_steps=steps, overrides=overrides
                     )
                     if not (Path(config.out_dir) / "export" / "config.json").exists():
                         started = time.perf_counter()
@@ -103,13 +111,15 @@ def main() -> None:
                     }
                 )
 
-    merge_results({"demo_budget": rows, "demo_budget_train_s": train_s}, replace=("demo_budget",))
+    key = "demo_budget" + (f"_{tag}" if args.dspark_set else "")
+    merge_results({key: rows, f"{key}_train_s": train_s})  # its two keys, others kept
     lines = [
-        "## The demo's DSpark against DFlash by budget (bench/demo_budget.py, keys demo_budget*)",
+        f"## The demo's DSpark against DFlash by budget (bench/demo_budget.py, key {key})",
         "",
         f"Demo-sized reference shards ({args.conversations} conversations, corpus seed 1), the "
         "demo's two training configs (pipeline/demo/train.py), held-out fraction 0.05; offline "
-        f"T=0 macro tau; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}. "
+        f"T=0 macro tau; DSpark with {', '.join(args.dspark_set) or 'the demo config'}; "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}. "
         "Ratio: DSpark / DFlash, paired stratified bootstrap over the held-out samples.",
         "",
         "| steps | seed | DSpark | DFlash | DSpark / DFlash | 95% CI | held-out samples |",
@@ -122,7 +132,7 @@ def main() -> None:
             f"{r['ratio']:.3f} | {ci} | {r['samples']} |"
         )
     lines += ["", f"Training seconds: {train_s or 'reused from --keep'}."]
-    write_section("bench/demo_budget.py", "\n".join(lines))
+    write_section("bench/demo_budget.py" + (f" {tag}" if args.dspark_set else ""), "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -247,9 +247,9 @@ def halving(
             for c in alive
         }
         mine = [r for rs in got.values() for r in rs]
-        study.evaluate(mine, "heldout", backbone=last)
+        study.evaluate(mine, "heldout", backbone=last and i > 0)
         if budget >= left_out_from and study.left_out:
-            study.evaluate(mine, "left_out", backbone=last)
+            study.evaluate(mine, "left_out", backbone=last and i > 0)
         runs.extend(mine)
         if last:
             break
