@@ -33,6 +33,14 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def t1_teacher_forced(run_dir: Path) -> float | None:
+    """The run's held-out teacher-forced expected acceptance at T=1 (summary.json)."""
+    import json
+
+    tau = json.loads((run_dir / "summary.json").read_text()).get("heldout", {}).get("tau_tv")
+    return None if tau is None else round(tau, 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=_ints, default=[100, 200, 300])
@@ -94,8 +102,10 @@ def main() -> None:
                     "demo_budget",
                 )
             ).report["drafts"]
+            paths = {d["name"]: Path(d["path"]) for d in drafts}
             for seed in args.seeds:
                 a, b = (report[f"{n} s{seed}"]["offline_t0"] for n in ("DSpark", "DFlash"))
+                tf = [t1_teacher_forced(paths[f"{n} s{seed}"]) for n in ("DSpark", "DFlash")]
                 ratio, lo, hi = ratio_interval(
                     PerSample.from_dict(a["per_sample"]), PerSample.from_dict(b["per_sample"])
                 )
@@ -108,6 +118,8 @@ def main() -> None:
                         "ratio": round(ratio, 3),
                         "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
                         "samples": a["num_samples"],
+                        "dspark_t1_tf": tf[0],
+                        "dflash_t1_tf": tf[1],
                     }
                 )
 
@@ -120,16 +132,18 @@ def main() -> None:
         "demo's two training configs (pipeline/demo/train.py), held-out fraction 0.05; offline "
         f"T=0 macro tau; DSpark with {', '.join(args.dspark_set) or 'the demo config'}; "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}. "
-        "Ratio: DSpark / DFlash, paired stratified bootstrap over the held-out samples.",
+        "Ratio: DSpark / DFlash, paired stratified bootstrap over the held-out samples. T=1 tf: "
+        "the teacher-forced expected acceptance at T=1 on the trainer's 64 held-out samples.",
         "",
-        "| steps | seed | DSpark | DFlash | DSpark / DFlash | 95% CI | held-out samples |",
-        "|---|---|---|---|---|---|---|",
+        "| steps | seed | DSpark | DFlash | DSpark / DFlash | 95% CI | held-out samples "
+        "| T=1 tf DSpark | T=1 tf DFlash |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ci = "n/a" if r["ci95"] is None else "{:.3f}-{:.3f}".format(*r["ci95"])
         lines.append(
             f"| {r['steps']} | {r['seed']} | {r['dspark']:.2f} | {r['dflash']:.2f} | "
-            f"{r['ratio']:.3f} | {ci} | {r['samples']} |"
+            f"{r['ratio']:.3f} | {ci} | {r['samples']} | {r['dspark_t1_tf']} | {r['dflash_t1_tf']} |"
         )
     lines += ["", f"Training seconds: {train_s or 'reused from --keep'}."]
     write_section("bench/demo_budget.py" + (f" {tag}" if args.dspark_set else ""), "\n".join(lines))

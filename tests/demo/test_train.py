@@ -23,6 +23,9 @@ def test_demo_trains_dspark_and_dflash_with_the_same_budget(tmp_path):
         c.draft.anchor_predicts,  # both in the fill-in layout: vLLM's CPU build serves them
     )
     assert same(dspark) == same(dflash) and dspark.num_steps == DEMO_STEPS
+    # DSpark: 1.0 CE + 0.9 L1 + BCE (the config's loss.ce_weight); DFlash stays CE alone.
+    assert dspark.loss.weights("dspark") == (1.0, 1.8, 1.0)
+    assert dflash.loss.weights("dflash") == (1.0, 0.0, 0.0)
     # bench/demo_budget.py varies the seed and budget of exactly these configs.
     seeded = demo_train_config(
         tmp_path, "shards", kind="dflash", num_steps=7, overrides={"seed": 3}
