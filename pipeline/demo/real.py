@@ -43,12 +43,12 @@ REAL_LEFT_OUT = ("truthfulqa",)
 # Optimiser steps per draft (8 sequences each): what fits `make demo-real`'s time on
 # 2 cores. Too few for the drafts' order to be settled; the table says so.
 REAL_DEMO_STEPS = 150
-# Why DSpark may trail DFlash at a demo's budget (measured on the toy, where the same
-# DSpark trained with CE led: docs/train.md, DSpark against DFlash at small budgets).
+# Why DSpark trails (docs/draft-study.md): EAGLE-3 led every DSpark recipe the study
+# screened at 300 steps; a loss with CE weight 1.0 (train-real.yaml) was DSpark's best.
 REAL_TRAILS_WHY = (
-    "a demo's budget; on the toy the cause was measured as DSpark's 0.1 CE + 0.9 L1 loss, "
-    "which moves the greedy token (what this T=0 table counts) slower than DFlash's CE "
-    "(docs/train.md, DSpark against DFlash at small budgets); bench/real_target.py trains longer"
+    "in the draft study (docs/draft-study.md) EAGLE-3 led every DSpark recipe screened at "
+    "300 steps (layers, loss mixes, warm start); train-real.yaml trains DSpark with the best "
+    "of them, CE weight 1.0; bench/draft_study.py carries the best cells to larger budgets"
 )
 # Draft name -> (training config, run directory under out_dir, extra overrides).
 REAL_DRAFTS: dict[str, tuple[str, str, dict]] = {

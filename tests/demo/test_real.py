@@ -67,3 +67,12 @@ def test_demo_real_writes_under_runs_real_unless_told(monkeypatch):
     assert runner.invoke(cli, ["demo", "--real", "--out", "x", "--steps", "7"]).exit_code == 0
     assert [str(out) for out, _ in calls] == ["runs/real", "x"]
     assert [kw["num_steps"] for _, kw in calls] == [real.REAL_DEMO_STEPS, 7]
+
+
+def test_the_real_dspark_trains_the_studys_loss_and_dflash_stays_ce():
+    from pipeline.demo.real import real_train_config
+
+    dspark = real_train_config("runs/real", "ds", "DSpark", num_steps=1)
+    dflash = real_train_config("runs/real", "ds", "DFlash", num_steps=1)
+    assert dspark.loss.weights("dspark") == (1.0, 1.8, 1.0)  # draft study: dspark-ce1
+    assert dflash.loss.weights("dflash") == (1.0, 0.0, 0.0)
