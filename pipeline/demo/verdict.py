@@ -46,28 +46,39 @@ def comparison_line(
     if len(rows) < 2:
         return None
     leader = max(rows, key=lambda n: rows[n]["tau_macro"])
-    ahead, tied = [], []
+    ahead, tied, undrawn = [], [], []
     for name, row in rows.items():
         if name == leader:
             continue
         ratio, lo, hi = ratio_interval(
             PerSample.from_dict(rows[leader]["per_sample"]), PerSample.from_dict(row["per_sample"])
         )
-        ci = "no interval" if math.isnan(lo) else f"95% CI {lo:.2f}-{hi:.2f}"
-        text = f"{name} {row['tau_macro']:.2f} (ratio {ratio:.2f}, {ci})"
-        (ahead if not math.isnan(lo) and lo > 1.0 else tied).append((name, text))
+        if math.isnan(lo):
+            undrawn.append((name, f"{name} {row['tau_macro']:.2f} (ratio {ratio:.2f})"))
+            continue
+        text = f"{name} {row['tau_macro']:.2f} (ratio {ratio:.2f}, 95% CI {lo:.2f}-{hi:.2f})"
+        (ahead if lo > 1.0 else tied).append((name, text))
     where = f"after {steps} training steps each"
     tau = f"macro tau {rows[leader]['tau_macro']:.2f}"
-    if not tied:
+    parts = []
+    if ahead:
+        parts.append("leads " + ", ".join(t for _, t in ahead))
+    if tied:
+        parts.append(
+            "is not told apart from "
+            + ", ".join(t for _, t in tied)
+            + " (the interval holds 1: the table does not rank them)"
+        )
+    if undrawn:
+        parts.append(
+            "has no interval against "
+            + ", ".join(t for _, t in undrawn)
+            + " (a domain has fewer than 2 held-out samples: the table does not rank them)"
+        )
+    if ahead and not tied and not undrawn:
         line = f"{leader} leads {where} ({tau}) over " + ", ".join(t for _, t in ahead)
     else:
-        line = (
-            f"{leader} has the highest {tau} {where} but is not told apart from "
-            + ", ".join(t for _, t in tied)
-            + " (the interval holds 1 or cannot be drawn: the table does not rank them)"
-        )
-        if ahead:
-            line += "; it leads " + ", ".join(t for _, t in ahead)
+        line = f"{leader} has the highest {tau} {where}; it " + "; it ".join(parts)
     if "DSpark" in dict(ahead):
         line += f". DSpark trails: {trails_why}"
     return line + "."

@@ -48,6 +48,17 @@ def test_a_lead_is_stated_only_when_its_interval_clears_one():
     assert "leads" not in mixed
 
 
+def test_a_domain_with_one_sample_is_named_as_why_there_is_no_interval():
+    report = _report([1.0, 1.1], [0.5, 0.6])
+    for row in report["drafts"].values():  # one sample per domain: no stratified bootstrap
+        ps = row["offline_t0"]["per_sample"]
+        for key in ps:
+            ps[key] = ps[key][::2]
+    line = comparison_line(report, steps=150)
+    assert "DSpark has the highest macro tau" in line and "no interval against DFlash" in line
+    assert "fewer than 2 held-out samples" in line and "leads" not in line
+
+
 def test_the_leader_of_three_drafts_is_named_with_a_ratio_over_each():
     line = comparison_line(
         _report([1.0, 1.1, 0.9, 1.0], [0.5, 0.6, 0.4, 0.5], eagle3=[1.5, 1.6, 1.4, 1.5]),
