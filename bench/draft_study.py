@@ -37,7 +37,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from results_file import merge_results, public_command, write_section  # bench/ is sys.path[0]
+from results_file import (  # bench/ is sys.path[0]
+    merge_results,
+    paired_ratio,
+    public_command,
+    write_section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -286,22 +291,6 @@ def best_runs(runs: list[dict], budget: int) -> dict[str, dict]:
     return {d: r for d, (_, r) in best.items()}
 
 
-def paired(a: dict, b: dict, where: str) -> dict | None:
-    """DSpark-style ratio of two runs' macro tau with its paired bootstrap interval."""
-    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
-
-    x, y = a[where].get("draft"), b[where].get("draft")
-    if not x or not y:
-        return None
-    point, lo, hi = ratio_interval(
-        PerSample.from_dict(x["per_sample"]), PerSample.from_dict(y["per_sample"])
-    )
-    return {
-        "ratio": round(point, 3),
-        "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
-    }
-
-
 def compact(run: dict) -> dict:
     def tau(where: str, row: str = "draft"):
         t = run[where].get(row)
@@ -335,9 +324,10 @@ def compact(run: dict) -> dict:
     return out
 
 
-def _ci(run: dict, where: str = "heldout") -> list[float] | None:
-    ci = run[where].get("draft", {}).get("tau_macro_ci95")
-    return ci if ci and None not in ci and not any(map(math.isnan, ci)) else None
+def _ci(row: dict | None) -> list[float] | None:
+    """A row's macro-tau interval; None where none was drawn (stored as nulls)."""
+    ci = (row or {}).get("tau_macro_ci95")
+    return ci if ci and None not in ci else None
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -365,7 +355,7 @@ def plot(runs: list[dict], path: Path) -> None:
             if draft in best_runs(runs, b)
         ]
         xs, ys = [r["train_seconds"] for r in front], [macro(r) for r in front]
-        cis = [_ci(r) or [y, y] for r, y in zip(front, ys, strict=True)]
+        cis = [_ci(r["heldout"].get("draft")) or [y, y] for r, y in zip(front, ys, strict=True)]
         err = [
             [y - ci[0] for ci, y in zip(cis, ys, strict=True)],
             [ci[1] - y for ci, y in zip(cis, ys, strict=True)],
@@ -388,9 +378,8 @@ def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) 
     def fmt(t) -> str:
         if not t:
             return "-"
-        ci = t.get("tau_macro_ci95")
-        ok = ci and None not in ci and not any(map(math.isnan, ci))
-        return f"{t['tau_macro']:.3f}" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ok else "")
+        ci = _ci(t)
+        return f"{t['tau_macro']:.3f}" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
 
     lines = [
         "## Draft study (bench/draft_study.py, keys study_*)",
@@ -444,7 +433,7 @@ def main() -> None:
         "--left-out-from",
         type=int,
         default=None,
-        help="measure the left-out source from this budget on (default: the second budget)",
+        help="measure the left-out source from this budget on (default: the second; one budget: it)",
     )
     args = parser.parse_args()
 
@@ -473,7 +462,7 @@ def main() -> None:
     for num, den in (("DSpark", "DFlash"), ("DSpark", "EAGLE-3")):
         if num in best and den in best:
             for where, tag in (("heldout", ""), ("left_out", "_left_out")):
-                value = paired(best[num], best[den], where)
+                value = paired_ratio(best[num][where].get("draft"), best[den][where].get("draft"))
                 if value:
                     value["cells"] = f"{best[num]['cell']} / {best[den]['cell']}, {last} steps"
                     ratios[f"study_{num.lower()}_over_{den.lower().replace('-', '')}_T0{tag}"] = (

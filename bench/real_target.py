@@ -58,6 +58,7 @@ from pathlib import Path
 from results_file import (  # bench/ is sys.path[0]
     cpu_capability,
     merge_results,
+    paired_ratio,
     public_command,
     write_section,
 )
@@ -125,7 +126,6 @@ def main() -> None:
     from pipeline.evaluate.generalisation import generalisation
     from pipeline.evaluate.run import run_evaluation
     from pipeline.evaluate.serving_report import plot_serving, serving_markdown
-    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
     from pipeline.logs import setup_logging
     from pipeline.table.dataset import Dataset
 
@@ -195,16 +195,7 @@ def main() -> None:
             if where == "t0"
             else (lambda d: d.get("live", {}).get("1.0"))
         )
-        a, b = pick(rows[num]), pick(rows[den])
-        if not a or not b:
-            return None
-        point, lo, hi = ratio_interval(
-            PerSample.from_dict(a["per_sample"]), PerSample.from_dict(b["per_sample"])
-        )
-        return {
-            "ratio": round(point, 3),
-            "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
-        }
+        return paired_ratio(pick(rows[num]), pick(rows[den]))
 
     t0 = {n: d["offline_t0"]["tau_macro"] for n, d in rows.items() if d.get("offline_t0")}
     gen = generalisation(report, ood)

@@ -101,3 +101,21 @@ def public_command(script: str, argv: list[str], hide: dict[str, str]) -> str:
         else:
             out.append(arg)
     return " ".join([f"python {script}", *out])
+
+
+def paired_ratio(num: dict | None, den: dict | None) -> dict | None:
+    """{"ratio", "ci95"} of two evaluation rows' macro tau (each with `per_sample`), the
+    interval a paired bootstrap over the samples both have; None without both rows."""
+    import math
+
+    from pipeline.evaluate.uncertainty import PerSample, ratio_interval
+
+    if not num or not den:
+        return None
+    point, lo, hi = ratio_interval(
+        PerSample.from_dict(num["per_sample"]), PerSample.from_dict(den["per_sample"])
+    )
+    return {
+        "ratio": round(point, 3),
+        "ci95": None if math.isnan(lo) else [round(lo, 3), round(hi, 3)],
+    }

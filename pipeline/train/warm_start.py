@@ -13,7 +13,6 @@ checkpoint never warm-starts again (pipeline/train/loop.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,17 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WarmStart:
-    """What a warm start copied, and what it left at initialisation."""
-
-    source: Path  # the checkpoint directory read
-    source_kind: str
-    copied: tuple[str, ...]  # tensor names taken from the source
-    initialised: tuple[str, ...]  # the new draft's tensors the source does not have
-
-
-def warm_start(model: nn.Module, spec: DraftSpec, init_from: str | Path) -> WarmStart:
+def warm_start(model: nn.Module, spec: DraftSpec, init_from: str | Path) -> None:
     """Copy into `model` (a draft of `spec`) the tensors of the draft at `init_from`
     that it shares by name; see the module docstring for what must agree."""
     import torch
@@ -63,19 +52,12 @@ def warm_start(model: nn.Module, spec: DraftSpec, init_from: str | Path) -> Warm
     with torch.no_grad():
         for name in shared:
             own[name].copy_(source[name].to(own[name].dtype))
-    result = WarmStart(
-        source=ckpt.path,
-        source_kind=ckpt.spec.kind,
-        copied=tuple(shared),
-        initialised=tuple(n for n in own if n not in source),
-    )
     log.info(
         "warm start %s",
         kv(
             source=ckpt.path,
             kind=ckpt.spec.kind,
-            copied=len(result.copied),
-            initialised=len(result.initialised),
+            copied=len(shared),
+            initialised=sum(1 for n in own if n not in source),
         ),
     )
-    return result
