@@ -176,15 +176,16 @@ class Study:
         from pipeline.evaluate.config import parse_eval_config
         from pipeline.evaluate.run import run_evaluation
 
-        todo = [r for r in records if not r[where] or (backbone and _needs_backbone(r, where))]
+        drafts, todo = [], []
+        for r in records:  # only the rows a record lacks
+            key = f"{r['cell']}@{r['budget']}-{r['seed']}"
+            wanted = [] if "draft" in r[where] else [dict(name=key, path=r["run_dir"])]
+            if backbone and r["draft"] == "DSpark" and "backbone" not in r[where]:
+                wanted.append(dict(name=f"{key}/backbone", path=r["run_dir"], use_heads=False))
+            drafts += wanted
+            todo += [r] if wanted else []
         if not todo:
             return
-        drafts = []
-        for r in todo:
-            key = f"{r['cell']}@{r['budget']}-{r['seed']}"
-            drafts.append(dict(name=key, path=r["run_dir"]))
-            if backbone and r["draft"] == "DSpark":
-                drafts.append(dict(name=f"{key}/backbone", path=r["run_dir"], use_heads=False))
         if where == "heldout":
             data = dict(uri=self.data, exclude_sources=list(self.left_out))
         else:
@@ -199,14 +200,11 @@ class Study:
         rows = run_evaluation(parse_eval_config(config, "bench/draft_study.py")).report["drafts"]
         for r in todo:
             key = f"{r['cell']}@{r['budget']}-{r['seed']}"
-            r[where] = {"draft": rows[key]["offline_t0"]}
+            if key in rows:
+                r[where]["draft"] = rows[key]["offline_t0"]
             if f"{key}/backbone" in rows:
                 r[where]["backbone"] = rows[f"{key}/backbone"]["offline_t0"]
             self.save(r)
-
-
-def _needs_backbone(record: dict, where: str) -> bool:
-    return record["draft"] == "DSpark" and "backbone" not in record[where]
 
 
 def macro(run: dict, where: str = "heldout", row: str = "draft") -> float:

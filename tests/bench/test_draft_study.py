@@ -44,6 +44,9 @@ def test_halving_keeps_the_best_and_a_rerun_trains_nothing(toy_shards, tmp_path)
     kinds = sorted(r["draft"] for r in at_4 if "+" not in r["cell"])
     assert kinds == ["DFlash", "DSpark"]
     assert sorted(first["cut"][2]) == sorted({r["cell"] for r in at_2} - {r["cell"] for r in at_4})
+    # The DSpark backbone row (what vLLM's CPU build serves) only at the last budget.
+    assert not any("backbone" in r["heldout"] for r in at_2)
+    assert {r["draft"] for r in at_4 if "backbone" in r["heldout"]} == {"DSpark"}
     warm = next(r for r in at_2 if r["cell"] == "dspark-warm")
     dflash = next(r for r in at_2 if r["cell"] == "dflash")
     assert warm["changes"]["init_from"] == dflash["run_dir"]
