@@ -7,8 +7,9 @@
 4. prints `inspect` of that version and a few regenerated answers read back
    from the shards, beside the corpus' reference answers;
 5. trains a DSpark draft and the DFlash baseline on the dataset (same shards,
-   same budget), exports both and serves the DSpark draft's backbone with
-   vLLM (output identical to plain decoding, acceptance counters);
+   same budget), exports both and serves the DSpark draft with vLLM, heads
+   included through the project's vLLM plugin (output identical to plain
+   decoding, acceptance counters);
 6. measures both drafts' acceptance length per domain offline and prints the
    table (only drafts it trained, and an untrained floor), the plot paths and
    one line naming the leader, with its ratio over the other draft and that

@@ -5,8 +5,9 @@ on reference shards it writes from the trained toy target), exports it, and
 (with `serve`) decodes held-out prompts with vLLM's CPU build, plain and
 speculatively, returning vLLM's acceptance counters. `kind`:
 
-* `dspark`: a DSpark draft in the fill-in layout (train-toy.yaml); vLLM
-  serves its DFlash backbone (the CPU build has no dspark method);
+* `dspark`: a DSpark draft in the fill-in layout (train-toy.yaml); vLLM's
+  CPU build (no dspark method) serves its dflash export, the heads included
+  through the project's plugin (pipeline/drafts/vllm_plugin.py);
 * `dflash`: the DFlash baseline, the same config, shards and budget with the
   heads off and CE only (`draft.kind: dflash`), served as `dflash`;
 * `eagle3`: the EAGLE-3 baseline (train-toy-eagle3.yaml), served as `eagle3`.

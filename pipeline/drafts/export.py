@@ -12,8 +12,9 @@ format a draft exports as, how that format's config.json is written and read, an
 target's tensors are the registry's (pipeline/drafts/registry.py; the
 formats themselves are dspark/export.py and eagle3/export.py, their shared
 fields speculators.py). A draft exported to another kind's format (a DSpark
-draft of the fill-in layout as dflash) drops its heads. The confidence head
-stays fp32 (vLLM builds it with params_dtype float32).
+draft of the fill-in layout as dflash) keeps its heads out of
+model.safetensors, in the heads file its config names (dspark/export.py). The
+confidence head stays fp32 (vLLM builds it with params_dtype float32).
 
 Reading is `read_export` / `spec_from_export`: evaluation loads a served
 export exactly as it loads a checkpoint.
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.drafts.checkpoint import load_checkpoint
+from pipeline.drafts.dspark.export import HEADS_KEY
 from pipeline.drafts.registry import draft_kind, format_kind
 from pipeline.drafts.spec import DraftSpec
 from pipeline.drafts.speculators import common_spec_fields
@@ -88,13 +90,12 @@ def export_draft(
     torch_dtype = getattr(torch, dtype or config["transformer_layer_config"]["torch_dtype"])
     keep_heads = model_type == draft_kind(spec.kind).export_format
     carries_target = draft_kind(model_type).format.target_tensors
-    tensors = {}
+    tensors, heads = {}, {}
     for name, tensor in state.items():
-        if not keep_heads and name.startswith(_HEAD_PREFIXES):
-            continue
         # The confidence head stays fp32 (vLLM builds it with params_dtype float32).
         want = torch.float32 if name.startswith("confidence_head.") else torch_dtype
-        tensors[name] = tensor.detach().to("cpu", want).contiguous()
+        into = heads if not keep_heads and name.startswith(_HEAD_PREFIXES) else tensors
+        into[name] = tensor.detach().to("cpu", want).contiguous()
     if carries_target:
         if not target_tensors:
             raise ValueError(
@@ -107,6 +108,9 @@ def export_draft(
         tensors.update(_vocab_tensors(spec, target_tensors, torch_dtype))
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    if heads and HEADS_KEY in config:
+        (out / config[HEADS_KEY]["file"]).parent.mkdir(exist_ok=True)
+        save_file(heads, str(out / config[HEADS_KEY]["file"]), metadata={"format": "pt"})
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     log.info("exported %s draft to %s (%d tensors)", model_type, out, len(tensors))
     return out
@@ -193,6 +197,8 @@ def read_export(path: str | Path, *, weights: bool = True) -> tuple[DraftSpec, d
     from safetensors.torch import load_file
 
     tensors = load_file(str(path / WEIGHTS))
+    if HEADS_KEY in config:  # a DSpark draft's dflash export: its heads beside
+        tensors.update(load_file(str(path / config[HEADS_KEY]["file"])))
     # The target's own tables (EAGLE-3 exports carry them), a reduced vocabulary's head
     # (their rows) and maps are not draft weights: the draft rebuilds them from the spec.
     return spec, {k: v for k, v in tensors.items() if k not in (*TARGET_TENSORS, *VOCAB_MAPS)}

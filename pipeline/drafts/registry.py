@@ -273,10 +273,17 @@ def served_method(config: dict, where: str) -> str:
     return format_kind(config, where).vllm_method
 
 
-def drafts_with_heads(served: str) -> bool:
-    """Whether a draft served as method `served` drafts with its heads: a DSpark draft's
-    DFlash export is its backbone, so it drafts without them (offline too)."""
-    return serving_kind(served).heads
+def drafts_with_heads(config: dict, where: str) -> bool:
+    """Whether vLLM drafts with the heads of the export whose config.json is `config`:
+    its own format serves them (dspark), and a DSpark draft's dflash export carries them
+    in a heads file that the project's vLLM plugin serves where it supports the vLLM
+    version (pipeline/drafts/vllm_plugin.py); otherwise vLLM drafts with the backbone."""
+    from pipeline.drafts.dspark.export import HEADS_KEY
+    from pipeline.drafts.vllm_plugin import supports, vllm_version
+
+    if serving_kind(served_method(config, where)).heads:
+        return True
+    return HEADS_KEY in config and supports(vllm_version())
 
 
 def vllm_env(method: str | None) -> dict[str, str]:

@@ -39,6 +39,7 @@ class DecodeRun:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    request_ids: list[str] = field(default_factory=list)  # vLLM's, in prompt order
 
     @property
     def tau(self) -> float:
@@ -198,6 +199,7 @@ def _child(out_path: str) -> None:
     per_pos_before = before["accepted_per_pos"] or [0] * len(after["accepted_per_pos"])
     out = {
         "outputs": [list(r.outputs[0].token_ids) for r in results],
+        "request_ids": [r.request_id for r in results],
         **{k: after[k] - before[k] for k in _COUNTERS.values()},
         "accepted_per_pos": [
             a - b for a, b in zip(after["accepted_per_pos"], per_pos_before, strict=True)

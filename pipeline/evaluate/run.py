@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.drafts.registry import drafts_with_heads, served_method
+from pipeline.drafts.registry import drafts_with_heads
 from pipeline.evaluate.config import EvalConfig
 from pipeline.evaluate.draft_row import evaluate_draft
 from pipeline.evaluate.heldout import draft_samples, load_heldout, round_robin_prompts
@@ -299,9 +299,12 @@ def serve_drafts(
     for name, export in exports.items():
         if export is None:
             continue
-        served = served_method(json.loads((export / "config.json").read_text()), str(export))
-        # A DFlash export of a DSpark draft is its backbone: draft offline without the heads.
-        drafter = make_drafter(name, loaded[name], use_heads=drafts_with_heads(served))
+        exported = json.loads((export / "config.json").read_text())
+        # Draft offline as vLLM drafts: a DSpark draft's dflash export with its heads only
+        # where the project's vLLM plugin serves them.
+        drafter = make_drafter(
+            name, loaded[name], use_heads=drafts_with_heads(exported, str(export))
+        )
         own = draft_samples(picked, data_info, loaded[name].spec)
         rounds = walk_tables(build_tables(own, drafter), num_draft_tokens=drafter.num_draft_tokens)
         offline[name] = round(tau(accepted=rounds.accepted), 4)
@@ -329,7 +332,7 @@ def demo_report(
     """The evaluation step of `make demo`: evaluate the demo's drafts, print table + plot paths.
 
     `dspark`: the demo's training run directory (or an export). Rows: the
-    DSpark draft, its backbone alone (what vLLM's CPU build serves), the DFlash
+    DSpark draft, its backbone alone (what vLLM serves without the project's plugin), the DFlash
     and EAGLE-3 drafts that are given (only drafts that were trained), and an
     untrained copy (the floor). `left_out`: corpus sources every draft was trained
     without; the held-out split then excludes them, a second evaluation reads every

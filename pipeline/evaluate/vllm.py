@@ -3,7 +3,8 @@
 `check_against_vllm` is the stage's step (the `vllm:` section of the
 evaluation config): vLLM serves the draft's export with the method its
 format names (`speculators_model_type`; a fill-in DSpark draft's export is its
-DFlash backbone, which vLLM's CPU build runs).
+DFlash backbone with its heads beside, which vLLM's CPU build runs, heads
+included through the project's plugin, pipeline/drafts/vllm_plugin.py).
 
 vLLM decodes the evaluation prompts with the exported draft as its
 speculative decoder (one fresh engine in a child process, via
@@ -208,8 +209,11 @@ def check_against_vllm(
             f"{exported['speculators_model_type']} export of the "
             f"{draft.spec.kind} draft {config.draft!r}: leave vllm.method unset"
         )
-    # A DFlash export of a DSpark draft is its backbone: draft offline without the heads too.
-    drafter = make_drafter(config.draft, draft, use_heads=drafts_with_heads(method))
+    # Offline as vLLM drafts: a DSpark draft's dflash export with its heads where the plugin
+    # serves them, else its backbone.
+    drafter = make_drafter(
+        config.draft, draft, use_heads=drafts_with_heads(exported, str(draft.export_dir))
+    )
     return compare_with_vllm(
         target_dir=target_dir,
         draft_dir=draft.export_dir,

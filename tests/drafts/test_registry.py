@@ -174,7 +174,11 @@ def test_the_kind_comparison_grep_sees_every_form(line, compares):
 def test_serving_facts_come_from_the_registry():
     assert vllm_env("dspark") == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
     assert vllm_env("dflash") == {} and vllm_env(None) == {}
-    assert drafts_with_heads("dspark") and not drafts_with_heads("dflash")
+    assert drafts_with_heads({"speculators_model_type": "dspark"}, "x")
+    assert not drafts_with_heads({"speculators_model_type": "dflash"}, "x")
+    # a DSpark draft's dflash export: its heads where the project's vLLM plugin serves them
+    with_heads = {"speculators_model_type": "dflash", "dspark_heads": {"file": "h"}}
+    assert drafts_with_heads(with_heads, "x")  # vLLM 0.32.0, the version the plugin serves
     assert KINDS["dspark"].vllm_needs_gpu and KINDS["eagle3"].vllm_needs_gpu is None
     for name, kind in KINDS.items():
         assert serving_kind(kind.vllm_method) is kind

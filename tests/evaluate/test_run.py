@@ -212,22 +212,22 @@ def test_eagle3_evaluates_offline_live_and_from_its_export(
 
 def test_exports_load_as_the_checkpoint_they_came_from(dspark_run, trained_target_dir):
     """A speculators export (what vLLM serves) drafts exactly like the training checkpoint:
-    a fill-in DSpark draft exports its DFlash backbone, which drafts like it without heads."""
+    a fill-in DSpark draft exports its DFlash backbone with its heads beside, which drafts
+    like it with heads and, heads off, like its backbone."""
     ckpt = load_draft(dspark_run, target_dir=trained_target_dir)
-    backbone = load_draft(dspark_run / "export", target_dir=trained_target_dir)
+    export = load_draft(dspark_run / "export", target_dir=trained_target_dir)
     assert ckpt.export_dir == dspark_run / "export"
-    assert backbone.spec.kind == "dflash" and backbone.spec.markov_rank == 0
-    assert not backbone.spec.sample_from_anchor and backbone.spec.block_size == ckpt.spec.block_size
+    assert export.spec == ckpt.spec
     config = _config(dspark_run, dspark_run / "unused")
     samples, _ = load_heldout(
         config, {"DSpark": ckpt.train_config}, {"DSpark": ckpt.spec}, trained_target_dir
     )
     sample = samples[0]
     anchors = torch.arange(sample.num_prompt_tokens, len(sample.input_ids) - 1)
-    no_heads = DSparkDrafter("c", ckpt.model, use_heads=False).draft(sample, anchors)
-    assert torch.equal(
-        DSparkDrafter("b", backbone.model).draft(sample, anchors).tokens, no_heads.tokens
-    )
+    for heads in (True, False):
+        mine = DSparkDrafter("c", ckpt.model, use_heads=heads).draft(sample, anchors)
+        served = DSparkDrafter("e", export.model, use_heads=heads).draft(sample, anchors)
+        assert torch.equal(served.tokens, mine.tokens)
     with pytest.raises(FileNotFoundError, match="not a training run"):
         load_draft(dspark_run / "metrics.jsonl", target_dir=trained_target_dir)
 

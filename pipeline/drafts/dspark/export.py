@@ -12,9 +12,11 @@ A `dspark` export is always in the anchor layout (`sample_from_anchor:
 true`): vLLM's DSpark speculator assumes it. A `dflash` export is always in
 the fill-in layout: vLLM's dflash method reads slot k as token p+k. A DSpark
 draft trained in the fill-in layout is exported as `dflash`, its backbone
-(the registry's `fill_in_format`); vLLM's CPU build serves `dflash` but not
-`dspark` (Triton-only runner), so that export is how a DSpark checkpoint is
-checked end to end on CPU. No torch.
+(the registry's `fill_in_format`), with its heads in a file of their own
+(`HEADS_FILE`, named by config.json's `dspark_heads`): vLLM's dflash loader
+never reads it, so plain vLLM serves the backbone, and the project's vLLM
+plugin (pipeline/drafts/vllm_plugin.py) serves the heads too where vLLM has
+no DSpark path of its own (its CPU build). No torch.
 """
 
 from __future__ import annotations
@@ -26,6 +28,23 @@ from pipeline.drafts.speculators import (
     method_config,
     provenance,
 )
+
+# A fill-in DSpark draft's heads, in a folder of the dflash export (vLLM loads every
+# *.safetensors file at the top as draft weights, and would refuse the heads).
+HEADS_FILE = "dspark_heads/heads.safetensors"
+HEADS_KEY = "dspark_heads"
+
+
+def heads_config(spec: DraftSpec) -> dict:
+    """config.json's `dspark_heads`: the heads file and the fields vLLM's dspark config
+    would carry."""
+    return {
+        "file": HEADS_FILE,
+        "markov_rank": spec.markov_rank,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": spec.confidence_head,
+        "confidence_head_with_markov": spec.confidence_with_markov,
+    }
 
 
 def _block_config(
@@ -60,13 +79,16 @@ def dflash_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dic
             "dflash method reads slot k as token p+k, so it would be served off by one: "
             "train with sample_from_anchor: false to export a DFlash draft"
         )
-    return _block_config(
+    config = _block_config(
         spec,
         model_type="dflash",
         architecture="DFlashDraftModel",
         verifier=verifier,
         target_config=target_config,
     )
+    if spec.markov_rank or spec.confidence_head:  # a DSpark draft's backbone: its heads beside
+        config[HEADS_KEY] = heads_config(spec)
+    return config
 
 
 def dspark_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dict:
@@ -105,7 +127,11 @@ def _block_fields(config: dict) -> dict:
 
 
 def dflash_fields(config: dict) -> dict:
-    """The DraftSpec fields a `dflash` config.json decides (no heads)."""
+    """The DraftSpec fields a `dflash` config.json decides: no heads, or a DSpark draft's
+    when `dspark_heads` names its heads file."""
+    heads = config.get(HEADS_KEY)
+    if heads:
+        return dspark_fields({**config, **heads})
     return dict(kind="dflash", markov_rank=0, confidence_head=False, **_block_fields(config))
 
 
