@@ -15,6 +15,16 @@ never reads. This plugin, loaded by vLLM in every engine process through the
   slot and the token just drafted after it, exactly as the project's drafter
   (pipeline/drafts/dspark/drafter.py) drafts offline.
 
+Adaptive drafting (`ADAPTIVE_ENV`, the number of requests in flight at which
+verifying one more token costs as much as generating one): each round every
+request sends only the longest prefix of its block whose chance of being
+accepted whole is at least `requests in flight / that number`, so from that
+many requests on nothing is sent for verification. The chance is the
+confidence head's (a DSpark draft that has one) or the running per-position
+acceptance rate of the rounds vLLM verified (any other draft). It needs vLLM's
+synchronous scheduling (the CPU build's), where a request's drafts may be
+shorter than `num_speculative_tokens`.
+
 A draft without a heads file is served as vLLM serves it. The patch is pinned
 to the vLLM versions in `SUPPORTED_VLLM` (constraints.txt's): on any other
 version the plugin logs one line and leaves vLLM alone, and `require_support`
@@ -37,7 +47,9 @@ log = logging.getLogger(__name__)
 # The vLLM versions whose DFlashProposer this plugin is written against.
 SUPPORTED_VLLM = ("0.32.0",)
 DRAFT_LOG_ENV = "DSPARK_TARGETS_DRAFT_LOG"
-_PATCHED = "_dspark_targets_heads"
+ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
+_PATCHED = "_dspark_targets_patched"  # on the patched class
+_HEADS = "_dspark_heads"  # a proposer's ServedHeads (None: a draft without heads)
 
 
 def vllm_version() -> str | None:
@@ -67,13 +79,14 @@ def require_support(version: str | None = None) -> None:
 class ServedHeads:
     """A DSpark draft's Markov (and confidence) heads beside vLLM's DFlash model."""
 
-    def __init__(self, tensors: dict, *, d2t, device, dtype) -> None:
+    def __init__(self, tensors: dict, *, d2t, device, dtype, with_markov: bool = True) -> None:
         self.w1 = tensors["markov_head.markov_w1.weight"].to(device, dtype)  # (V, r)
         self.w2 = tensors["markov_head.markov_w2.weight"].to(device, dtype)  # (Vd, r)
         conf = "confidence_head.proj.weight"
         has_conf = conf in tensors
         self.conf_w = tensors[conf].to(device).float() if has_conf else None  # (1, d [+ r])
         self.conf_b = tensors["confidence_head.proj.bias"].to(device).float() if has_conf else None
+        self.with_markov = with_markov
         # vLLM's d2t: target id = draft id + d2t[draft id] (None: the full vocabulary).
         self.d2t = d2t
 
@@ -89,14 +102,27 @@ class ServedHeads:
         from safetensors.torch import load_file
 
         tensors = load_file(str(Path(draft_dir) / heads["file"]))
-        return cls(tensors, d2t=d2t, device=device, dtype=dtype)
+        with_markov = bool(heads.get("confidence_head_with_markov", True))
+        return cls(tensors, d2t=d2t, device=device, dtype=dtype, with_markov=with_markov)
 
     def to_target(self, ids):
         return ids if self.d2t is None else ids + self.d2t[ids]
 
-    def bias(self, prev):
-        """(B,) target ids -> (B, Vd) fp32 Markov logit bias."""
-        return (self.w1[prev] @ self.w2.T).float()
+    def bias(self, embedded):
+        """(B, r) W1 rows of the previous tokens -> (B, Vd) fp32 Markov logit bias."""
+        return (embedded @ self.w2.T).float()
+
+    def confidence(self, hidden, embedded):
+        """(B, d) slot hidden states, (B, r) W1 rows -> (B,) the chance the slot is accepted
+        (None without a confidence head)."""
+        if self.conf_w is None:
+            return None
+        import torch
+
+        feats = hidden.float()
+        if self.with_markov:
+            feats = torch.cat([feats, embedded.float()], dim=-1)
+        return torch.sigmoid(feats @ self.conf_w.T + self.conf_b).squeeze(-1)
 
 
 def _draft_logits(proposer, hidden):
@@ -111,16 +137,19 @@ def _sample_with_heads(proposer, hidden, sampling_metadata):
     the drafted distributions (B*K, V) when sampling is probabilistic."""
     import torch
 
-    heads: ServedHeads = getattr(proposer, _PATCHED)
+    heads: ServedHeads = getattr(proposer, _HEADS)
     k = proposer.num_speculative_tokens
     base = _draft_logits(proposer, hidden).float()
     base = base.view(-1, k, base.shape[-1])  # (B, K, Vd)
     greedy = not proposer._enable_probabilistic_draft_probs or sampling_metadata.all_greedy
     prev = proposer._dspark_anchors[: base.shape[0]]
-    tokens, probs = [], []
+    slot_hidden = hidden.view(base.shape[0], k, -1)
+    tokens, probs, chance = [], [], []
     targets = None
     for slot in range(k):
-        logits = base[:, slot] + heads.bias(prev)
+        embedded = heads.w1[prev]  # (B, r)
+        logits = base[:, slot] + heads.bias(embedded)
+        chance.append(heads.confidence(slot_hidden[:, slot], embedded))
         if greedy:
             tok = heads.to_target(logits.argmax(-1))
         else:
@@ -134,6 +163,7 @@ def _sample_with_heads(proposer, hidden, sampling_metadata):
         tokens.append(tok)
         prev = tok
     ids = torch.stack(tokens, 1)  # (B, K)
+    proposer._dspark_confidence = None if chance[0] is None else torch.stack(chance, 1)
     _log_drafts(proposer, ids)
     return ids.reshape(-1), (torch.stack(probs, 1).flatten(0, 1) if probs else None)
 
@@ -157,19 +187,127 @@ def _log_drafts(proposer, ids) -> None:
             )
 
 
+def adaptive_requests() -> float | None:
+    """`ADAPTIVE_ENV` as a number (None: unset, adaptive drafting off)."""
+    raw = os.environ.get(ADAPTIVE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ValueError(f"{ADAPTIVE_ENV}={raw!r}: give the number of requests in flight (> 0)")
+    return value
+
+
+class AcceptanceRate:
+    """Running conditional acceptance per drafted position (the chance position k is
+    accepted once the positions before it were), from the rounds vLLM verified; it
+    starts at one in two and forgets old rounds at `decay` per round."""
+
+    def __init__(self, k: int, decay: float = 0.98) -> None:
+        self.tried = [2.0] * k
+        self.hits = [1.0] * k
+        self.decay = decay
+
+    def update(self, sent: int, accepted: int) -> None:
+        """One verified round: `sent` tokens drafted, the first `accepted` of them kept."""
+        for pos in range(min(accepted + 1, sent, len(self.tried))):
+            self.tried[pos] = self.decay * self.tried[pos] + 1
+            self.hits[pos] = self.decay * self.hits[pos] + (pos < accepted)
+
+    def rates(self) -> list[float]:
+        return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
+
+
+def prefix_lengths(chance: list[list[float]], requests: int, saturation: float) -> list[int]:
+    """Per request, the drafted tokens to send: the longest prefix whose chance of being
+    accepted whole is at least `requests / saturation` (so none from `saturation`
+    requests in flight on, where a verified token costs a generated one's compute)."""
+    threshold = requests / saturation
+    out = []
+    for row in chance:
+        whole, n = 1.0, 0
+        for c in row:
+            whole *= c
+            if whole < threshold:
+                break
+            n += 1
+        out.append(n)
+    return out
+
+
+def _send_lengths(drafter, num_requests: int, saturation: float) -> list[int]:
+    """The prefix each request of the latest round sends (its confidence or the rates)."""
+    k = drafter.num_speculative_tokens
+    rate = drafter.__dict__.setdefault("_dspark_rate", AcceptanceRate(k))
+    confidence = getattr(drafter, "_dspark_confidence", None)
+    if confidence is not None and confidence.shape[0] >= num_requests:
+        chance = confidence[:num_requests].tolist()
+    else:
+        chance = [rate.rates()[:k]] * num_requests
+    return prefix_lengths(chance, num_requests, saturation)
+
+
+def _patch_base(cls) -> None:
+    """Every proposer: remember the batch's request ids and feed back what vLLM accepted."""
+    prepare_padded = cls.prepare_next_token_ids_padded
+    prepare_cpu = cls.prepare_next_token_ids_cpu
+
+    def feed_back(self, req_ids: list[str], accepted: list[int]) -> None:
+        sent = getattr(self, "_dspark_sent", None)
+        rate = getattr(self, "_dspark_rate", None)
+        if not sent or rate is None:
+            return
+        for rid, n in zip(req_ids, accepted, strict=False):
+            if sent.get(rid) and n >= 0:
+                rate.update(sent[rid], n)
+
+    def padded(self, sampled, requests, batch, discard_mask):
+        self._dspark_req_ids = list(batch.req_ids)
+        next_ids, counts = prepare_padded(self, sampled, requests, batch, discard_mask)
+        feed_back(self, self._dspark_req_ids, [c - 1 for c in counts.tolist()])
+        return next_ids, counts
+
+    def on_cpu(self, sampled, requests, batch, num_scheduled):
+        self._dspark_req_ids = list(batch.req_ids)
+        feed_back(self, self._dspark_req_ids, [len(t) - 1 for t in sampled])
+        return prepare_cpu(self, sampled, requests, batch, num_scheduled)
+
+    cls.prepare_next_token_ids_padded = padded
+    cls.prepare_next_token_ids_cpu = on_cpu
+
+
+def _patch_runner(cls) -> None:
+    """The model runner hands the scheduler each request's chosen prefix (adaptive drafting)."""
+    take = cls._get_draft_token_ids_cpu
+
+    def trimmed(self):
+        drafts, req_ids = take(self)
+        saturation = adaptive_requests()
+        drafter = getattr(self, "drafter", None)
+        if saturation is None or drafter is None or not drafts or self.use_async_scheduling:
+            return drafts, req_ids
+        keep = _send_lengths(drafter, len(req_ids), saturation)
+        drafts = [list(d[:n]) for d, n in zip(drafts, keep, strict=False)]
+        drafter._dspark_sent = {rid: len(d) for rid, d in zip(req_ids, drafts, strict=False)}
+        return drafts, req_ids
+
+    cls._get_draft_token_ids_cpu = trimmed
+
+
 def _patch(cls) -> None:
     load_model = cls.load_model
     propose = cls.propose
     sample = cls._sample_draft_tokens
-    prepare_padded = cls.prepare_next_token_ids_padded
-    prepare_cpu = cls.prepare_next_token_ids_cpu
 
     def load_model_with_heads(self, target_model):
         load_model(self, target_model)
         model = self.model
         setattr(
             self,
-            _PATCHED,
+            _HEADS,
             ServedHeads.from_draft_dir(
                 self.draft_model_config.model,
                 d2t=getattr(model, "draft_id_to_target_id", None),
@@ -177,7 +315,7 @@ def _patch(cls) -> None:
                 dtype=self.dtype,
             ),
         )
-        if getattr(self, _PATCHED) is not None:
+        if getattr(self, _HEADS) is not None:
             log.info("dspark-targets: DSpark heads loaded from %s", self.draft_model_config.model)
 
     def propose_with_anchors(self, *args, **kwargs):
@@ -185,23 +323,13 @@ def _patch(cls) -> None:
         return propose(self, *args, **kwargs)
 
     def sample_draft_tokens(self, hidden, sampling_metadata):
-        if getattr(self, _PATCHED, None) is None or self.use_heterogeneous_vocab:
+        if getattr(self, _HEADS, None) is None or self.use_heterogeneous_vocab:
             return sample(self, hidden, sampling_metadata)
         return _sample_with_heads(self, hidden, sampling_metadata)
-
-    def keep_req_ids(prepare):
-        def wrapped(self, *args, **kwargs):
-            batch = args[2] if len(args) > 2 else kwargs.get("gpu_input_batch")
-            self._dspark_req_ids = list(getattr(batch, "req_ids", []) or [])
-            return prepare(self, *args, **kwargs)
-
-        return wrapped
 
     cls.load_model = load_model_with_heads
     cls.propose = propose_with_anchors
     cls._sample_draft_tokens = sample_draft_tokens
-    cls.prepare_next_token_ids_padded = keep_req_ids(prepare_padded)
-    cls.prepare_next_token_ids_cpu = keep_req_ids(prepare_cpu)
     setattr(cls, _PATCHED, True)
 
 
@@ -218,7 +346,11 @@ def register() -> bool:
         )
         return False
     from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if not getattr(DFlashProposer, _PATCHED, False):
+        _patch_base(SpecDecodeBaseProposer)
+        _patch_runner(GPUModelRunner)
         _patch(DFlashProposer)
     return True

@@ -310,3 +310,34 @@ def test_vllm_plugin_serves_dspark_heads_as_the_project_drafts(
     # the first slot among them, whose previous token is the anchor on both sides, all
     # within 0.007 logits)
     assert len(differ) <= 0.05 * len(gaps) and max(differ, default=0) < 0.02
+
+
+@pytest.mark.slow
+def test_adaptive_drafting_sends_fewer_tokens_and_changes_no_output(
+    drafts, trained_target_dir, plain_toy_decode, monkeypatch
+):
+    """DSpark with its confidence head and DFlash with the running acceptance rate: at
+    `6 requests / 20` each request sends a shorter prefix some rounds, and at a saturation
+    of 1 request nothing is sent; the output is plain decoding's either way (fp32)."""
+    from pipeline.drafts.vllm_check import decode
+    from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV
+
+    prompts, plain = plain_toy_decode
+    for name, saturation in (("dspark", "20"), ("dflash", "1")):
+        monkeypatch.setenv(ADAPTIVE_ENV, saturation)
+        run = decode(
+            trained_target_dir,
+            prompts,
+            max_tokens=SERVE_MAX_TOKENS,
+            draft_dir=drafts[name].export_dir,
+            num_speculative_tokens=4,
+        )
+        print(
+            f"{name} adaptive at {saturation}: drafts={run.num_drafts} "
+            f"draft_tokens={run.num_draft_tokens} accepted={run.num_accepted_tokens}"
+        )
+        assert run.outputs == plain.outputs, name
+        if saturation == "1":
+            assert run.num_draft_tokens == 0
+        else:
+            assert 0 < run.num_draft_tokens < 4 * run.num_drafts
