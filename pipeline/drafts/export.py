@@ -13,7 +13,7 @@ target's tensors are the registry's (pipeline/drafts/registry.py; the
 formats themselves are dspark/export.py and eagle3/export.py, their shared
 fields speculators.py). A draft exported to another kind's format (a DSpark
 draft of the fill-in layout as dflash) keeps its heads out of
-model.safetensors, in the heads file its config names (dspark/export.py). The
+model.safetensors and writes its own form beside (dspark/export.py). The
 confidence head stays fp32 (vLLM builds it with params_dtype float32).
 
 Reading is `read_export` / `spec_from_export`: evaluation loads a served
@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.drafts.checkpoint import load_checkpoint
-from pipeline.drafts.dspark.export import HEADS_KEY
+from pipeline.drafts.dspark.export import DSPARK_DIR, HEAD_PREFIXES, HEADS_KEY
 from pipeline.drafts.registry import draft_kind, format_kind
 from pipeline.drafts.spec import DraftSpec
 from pipeline.drafts.speculators import common_spec_fields
 
 log = logging.getLogger(__name__)
 
-_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 # Tensors of the target a format with `target_tensors` carries (EAGLE-3).
@@ -94,7 +93,7 @@ def export_draft(
     for name, tensor in state.items():
         # The confidence head stays fp32 (vLLM builds it with params_dtype float32).
         want = torch.float32 if name.startswith("confidence_head.") else torch_dtype
-        into = heads if not keep_heads and name.startswith(_HEAD_PREFIXES) else tensors
+        into = heads if not keep_heads and name.startswith(HEAD_PREFIXES) else tensors
         into[name] = tensor.detach().to("cpu", want).contiguous()
     if carries_target:
         if not target_tensors:
@@ -108,9 +107,17 @@ def export_draft(
         tensors.update(_vocab_tensors(spec, target_tensors, torch_dtype))
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
-    if heads and HEADS_KEY in config:
-        (out / config[HEADS_KEY]["file"]).parent.mkdir(exist_ok=True)
-        save_file(heads, str(out / config[HEADS_KEY]["file"]), metadata={"format": "pt"})
+    if heads and HEADS_KEY in config:  # the whole DSpark form beside its backbone
+        export_draft(
+            state=state,
+            spec=spec,
+            out=out / DSPARK_DIR,
+            model_type=spec.kind,
+            verifier=verifier,
+            target_config=target_config,
+            dtype=dtype,
+            target_tensors=target_tensors,
+        )
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     log.info("exported %s draft to %s (%d tensors)", model_type, out, len(tensors))
     return out
@@ -197,8 +204,9 @@ def read_export(path: str | Path, *, weights: bool = True) -> tuple[DraftSpec, d
     from safetensors.torch import load_file
 
     tensors = load_file(str(path / WEIGHTS))
-    if HEADS_KEY in config:  # a DSpark draft's dflash export: its heads beside
-        tensors.update(load_file(str(path / config[HEADS_KEY]["file"])))
+    if HEADS_KEY in config:  # a DSpark draft's dflash export: its heads in its DSpark form
+        form = load_file(str(path / config[HEADS_KEY]["file"]))
+        tensors.update({k: v for k, v in form.items() if k.startswith(HEAD_PREFIXES)})
     # The target's own tables (EAGLE-3 exports carry them), a reduced vocabulary's head
     # (their rows) and maps are not draft weights: the draft rebuilds them from the spec.
     return spec, {k: v for k, v in tensors.items() if k not in (*TARGET_TENSORS, *VOCAB_MAPS)}

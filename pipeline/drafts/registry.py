@@ -75,7 +75,7 @@ class DraftKind:
     # Mask slots embed a mask token (False: every slot reads a real token).
     mask_token: bool = True
     # The kind whose format a draft of the fill-in layout exports as instead (dspark:
-    # its backbone as dflash; vLLM's DSpark speculator serves only the anchor layout).
+    # its backbone as dflash, what vLLM's CPU build serves; its own form goes beside).
     fill_in_format: str | None = None
     # The aux ids a draft of this kind reads when `draft.aux_layer_ids` is unset, from
     # the target's layer count (used only if the dataset captured them all; None, or

@@ -4,11 +4,11 @@ vLLM's own `dspark` method lives in its Model Runner V2, which needs Triton;
 the CPU build runs the older runner, whose `DFlashProposer` serves a DSpark
 draft's backbone only. A DSpark draft of the fill-in layout exports as
 `dflash` plus its heads in a file of their own (`dspark_heads` in
-config.json, pipeline/drafts/dspark/export.py), which vLLM's dflash loader
-never reads. This plugin, loaded by vLLM in every engine process through the
+config.json, pipeline/drafts/dspark/export.py): its whole DSpark form in a
+folder, which vLLM's dflash loader never reads. This plugin, loaded by vLLM in every engine process through the
 `vllm.general_plugins` entry point, gives `DFlashProposer` those heads:
 
-* after the draft loads, the heads file of its directory (if any) is read;
+* after the draft loads, the heads of its DSpark form (if it has one) are read;
 * drafting then samples the K slots left to right instead of in one call:
   slot k's logits are the backbone's plus the Markov bias `W2(W1[prev])`,
   `prev` the anchor (the target's token the block starts from) for the first
@@ -25,7 +25,7 @@ acceptance rate of the rounds vLLM verified (any other draft). It needs vLLM's
 synchronous scheduling (the CPU build's), where a request's drafts may be
 shorter than `num_speculative_tokens`.
 
-A draft without a heads file is served as vLLM serves it. The patch is pinned
+A draft without a DSpark form is served as vLLM serves it. The patch is pinned
 to the vLLM versions in `SUPPORTED_VLLM` (constraints.txt's): on any other
 version the plugin logs one line and leaves vLLM alone, and `require_support`
 refuses to serve heads in one line.
@@ -49,7 +49,11 @@ SUPPORTED_VLLM = ("0.32.0",)
 DRAFT_LOG_ENV = "DSPARK_TARGETS_DRAFT_LOG"
 ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
 _PATCHED = "_dspark_targets_patched"  # on the patched class
-_HEADS = "_dspark_heads"  # a proposer's ServedHeads (None: a draft without heads)
+_HEADS = "_dspark_heads"
+_HEAD_PREFIXES = (
+    "markov_head.",
+    "confidence_head.",
+)  # pipeline/drafts/dspark/export.py's  # a proposer's ServedHeads (None: a draft without heads)
 
 
 def vllm_version() -> str | None:
@@ -99,9 +103,12 @@ class ServedHeads:
         if not heads:
             return None
         require_support()
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        tensors = load_file(str(Path(draft_dir) / heads["file"]))
+        from pipeline.drafts.dspark.export import HEAD_PREFIXES
+
+        with safe_open(str(Path(draft_dir) / heads["file"]), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD_PREFIXES)}
         with_markov = bool(heads.get("confidence_head_with_markov", True))
         return cls(tensors, d2t=d2t, device=device, dtype=dtype, with_markov=with_markov)
 

@@ -127,7 +127,8 @@ class VllmCheckConfig(ConfigModel):
     """Serve a draft with vLLM and compare its acceptance counters to the offline tau (T=0)."""
 
     # Name of a draft in `drafts`. vLLM's CPU build runs dflash and eagle3: a DSpark
-    # draft is served through its DFlash export (trained in the fill-in layout).
+    # draft is served through its DFlash export (trained in the fill-in layout), its
+    # heads included through the project's vLLM plugin.
     draft: str
     # None: the export's speculators_model_type (the only method that serves it).
     method: VllmMethod | None = None

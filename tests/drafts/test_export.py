@@ -107,34 +107,49 @@ def test_tensor_names_are_vllms(drafts):
     assert set(backbone) == set(_tensor_names(drafts["dflash"].export_dir))
 
 
-def test_dspark_exports_only_in_the_anchor_layout(drafts, tmp_path):
+def test_each_layout_exports_as_vllm_reads_it(drafts, tmp_path):
     """The anchor layout exports as dspark (never as DFlash: off by one); the fill-in
-    layout exports its DFlash backbone only (vLLM's DSpark speculator assumes the anchor)."""
+    layout exports its DFlash backbone, with its whole DSpark form in dspark/."""
+    from pipeline.drafts.dspark.export import DSPARK_DIR
     from pipeline.drafts.export import export_draft
     from pipeline.drafts.spec import DraftSpec
 
     anchor, fill_in = drafts["anchor"], drafts["dspark"]
     assert anchor.export_dir is not None and anchor.dflash_dir is None
     assert _config(anchor)["sample_from_anchor"] is True
+    assert not (anchor.export_dir / DSPARK_DIR).exists()
     assert fill_in.dflash_dir == fill_in.export_dir
     assert _config(fill_in)["speculators_model_type"] == "dflash"
     assert _config(fill_in)["dspark_targets"]["trained_kind"] == "dspark"
-    for result, model_type, error in (
-        (anchor, "dflash", "off by one"),
-        (fill_in, "dspark", "needs sample_from_anchor=true"),
-    ):
-        spec = DraftSpec.from_json((latest_checkpoint(result.out_dir) / "spec.json").read_text())
-        with pytest.raises(ValueError, match=error):
-            export_draft(
-                state={},
-                spec=spec,
-                out=tmp_path / "x",
-                model_type=model_type,
-                verifier="t",
-                target_config={},
-            )
+    form = json.loads((fill_in.export_dir / DSPARK_DIR / "config.json").read_text())
+    assert form["speculators_model_type"] == "dspark" and form["sample_from_anchor"] is False
+    spec = DraftSpec.from_json((latest_checkpoint(anchor.out_dir) / "spec.json").read_text())
+    with pytest.raises(ValueError, match="off by one"):
+        export_draft(
+            state={},
+            spec=spec,
+            out=tmp_path / "x",
+            model_type="dflash",
+            verifier="t",
+            target_config={},
+        )
     again = export_checkpoint(latest_checkpoint(anchor.out_dir), tmp_path / "again")
     assert _tensor_names(again.draft) == _tensor_names(anchor.export_dir)
+
+
+def test_vllm_accepts_the_dspark_form_as_method_dspark(drafts):
+    """vLLM's own conversion of a speculators config reads the fill-in DSpark form as its
+    dspark method with the anchor as a bonus token (what its GPU runner serves)."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    from pipeline.drafts.dspark.export import DSPARK_DIR
+
+    config = json.loads((drafts["dspark"].export_dir / DSPARK_DIR / "config.json").read_text())
+    hf = SpeculatorsConfig.extract_transformers_pre_trained_config(config)
+    assert hf["architectures"] == ["Qwen3DSparkModel"]
+    assert hf["sample_from_anchor"] is False and hf["dspark_bonus_anchor"] is True
+    assert hf["markov_rank"] == 32 and hf["markov_head_type"] == "vanilla"
+    assert SpeculatorsConfig.extract_vllm_speculative_config(config)["method"] == "dspark"
 
 
 @pytest.mark.slow
@@ -216,15 +231,16 @@ def test_a_fill_in_dspark_export_keeps_its_heads_beside_the_backbone(drafts):
     config = _config(drafts["dspark"])
     assert config["speculators_model_type"] == "dflash"
     assert config[HEADS_KEY]["file"] == HEADS_FILE and config[HEADS_KEY]["markov_rank"] == 32
-    assert not any(
-        n.startswith(("markov_head.", "confidence_head.")) for n in _tensor_names(export)
-    )
+    backbone = _tensor_names(export)
+    assert not any(n.startswith(("markov_head.", "confidence_head.")) for n in backbone)
     with safe_open(str(export / HEADS_FILE), framework="pt") as f:
-        heads = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        form = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    heads = {n: shape for n, shape in form.items() if n not in backbone}
     assert heads["markov_head.markov_w1.weight"][1] == 32
+    assert {n: form[n] for n in backbone} == backbone  # the same backbone in both forms
     spec, tensors = read_export(export)
     assert spec.kind == "dspark" and spec.markov_rank == 32 and not spec.sample_from_anchor
-    assert set(heads) <= set(tensors)
+    assert set(tensors) == set(backbone) | set(heads)
     assert HEADS_KEY not in _config(drafts["dflash"])  # a DFlash draft has none
 
 

@@ -39,6 +39,7 @@ EXPORTS = {
     # name: (spec overrides, speculators format)
     "dspark": (dict(kind="dspark", sample_from_anchor=True), "dspark"),
     "dspark fill-in as dflash": (dict(kind="dspark", sample_from_anchor=False), "dflash"),
+    "dspark fill-in": (dict(kind="dspark", sample_from_anchor=False), "dspark"),
     "dflash": (dict(kind="dflash", sample_from_anchor=False), "dflash"),
     "eagle3": (dict(kind="eagle3"), "eagle3"),
     "dspark with YaRN": (dict(kind="dspark", rope_scaling=YARN), "dspark"),

@@ -8,15 +8,16 @@ loads a speculators config. Both formats set `sliding_window_non_causal:
 true`, or vLLM would run the bidirectional block causally (measured: tau
 2.48 vs 3.18).
 
-A `dspark` export is always in the anchor layout (`sample_from_anchor:
-true`): vLLM's DSpark speculator assumes it. A `dflash` export is always in
-the fill-in layout: vLLM's dflash method reads slot k as token p+k. A DSpark
-draft trained in the fill-in layout is exported as `dflash`, its backbone
-(the registry's `fill_in_format`), with its heads in a file of their own
-(`HEADS_FILE`, named by config.json's `dspark_heads`): vLLM's dflash loader
-never reads it, so plain vLLM serves the backbone, and the project's vLLM
-plugin (pipeline/drafts/vllm_plugin.py) serves the heads too where vLLM has
-no DSpark path of its own (its CPU build). No torch.
+A `dflash` export is always in the fill-in layout: vLLM's dflash method
+reads slot k as token p+k. A `dspark` export carries either layout
+(`sample_from_anchor`; vLLM 0.32's dspark method reads both). A DSpark draft
+trained in the fill-in layout exports as `dflash`, its backbone (the
+registry's `fill_in_format`: what vLLM's CPU build serves, having no dspark
+method), with its whole DSpark form in the folder `dspark/` (`DSPARK_DIR`,
+named by config.json's `dspark_heads`): vLLM's dflash loader reads only the
+top folder, a GPU user serves `dspark/` with vLLM's dspark method, and the
+project's vLLM plugin (pipeline/drafts/vllm_plugin.py) reads the heads from
+it where vLLM has no DSpark path of its own. No torch.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from pipeline.drafts.speculators import (
     provenance,
 )
 
-# A fill-in DSpark draft's heads, in a folder of the dflash export (vLLM loads every
-# *.safetensors file at the top as draft weights, and would refuse the heads).
-HEADS_FILE = "dspark_heads/heads.safetensors"
+# A fill-in DSpark draft's DSpark form, in a folder of its dflash export (vLLM loads
+# every *.safetensors file at the top as draft weights, and would refuse the heads).
+DSPARK_DIR = "dspark"
+HEADS_FILE = f"{DSPARK_DIR}/model.safetensors"
 HEADS_KEY = "dspark_heads"
+HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 
 
 def heads_config(spec: DraftSpec) -> dict:
@@ -92,14 +95,8 @@ def dflash_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dic
 
 
 def dspark_config(spec: DraftSpec, *, verifier: str, target_config: dict) -> dict:
-    """config.json of a speculators-format DSpark draft (the anchor layout only, with
-    the Markov and confidence heads' fields)."""
-    if not spec.sample_from_anchor:
-        raise ValueError(
-            "a dspark export needs sample_from_anchor=true (vLLM's DSpark speculator assumes "
-            "the anchor layout); a draft trained in the fill-in layout (sample_from_anchor: "
-            "false) is exported as dflash, its backbone without the heads"
-        )
+    """config.json of a speculators-format DSpark draft (either layout, with the Markov
+    and confidence heads' fields)."""
     config = _block_config(
         spec,
         model_type="dspark",
