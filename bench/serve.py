@@ -14,9 +14,13 @@ says why).
 
 Figures (per served draft, `<draft>` its name in lower case with `_`):
 
-* `<p>single_stream_tok_s` (no draft) and `<p><draft>_single_stream_tok_s`;
-* `<p><draft>_single_stream_speedup`, and `<p>best_single_stream_speedup`;
-* `<p><draft>_speedup_at_matched_interactivity` (the best over the curve);
+* `<p>single_stream_e2e_tok_s` (no draft) and `<p><draft>_single_stream_e2e_tok_s`, end
+  to end (first token included), the mean over the server starts, each start's beside;
+* `<p><draft>_single_stream_e2e_speedup` ({ratio, ci95}: paired bootstrap over the
+  prompts; the headline) and `<p>best_single_stream_e2e_speedup`; the decode-only
+  `<p><draft>_single_stream_decode_speedup` beside it;
+* `<p><draft>_equal_requests_speedup` (aggregate tok/s at each level both swept);
+* `<p>identity_control` (the plain engine against itself, second start against first);
 * `<p><draft>_vllm_tau`, `<p><draft>_offline_tau`, `<p><draft>_speedup_over_tau`;
 * `<p><draft>_identity` (identical / near-tie flips / real divergences);
 * `<p>curves`: every engine's (concurrency, tok/s per user, aggregate tok/s).
@@ -96,8 +100,8 @@ def figures_of(serving: dict, prefix: str) -> dict:
 
     engines = serving["engines"]
     out: dict = {}
-    base = engines[BASELINE]["single_stream"]["per_user_tok_s"]
-    out[f"{prefix}single_stream_tok_s"] = base
+    out[f"{prefix}single_stream_e2e_tok_s"] = engines[BASELINE]["single_stream"]["e2e_tok_s"]
+    out[f"{prefix}identity_control"] = engines[BASELINE].get("identity_control")
     speedups = []
     for name, e in engines.items():
         if name == BASELINE:
@@ -112,8 +116,13 @@ def figures_of(serving: dict, prefix: str) -> dict:
             {
                 k + "method": e["method"],
                 k + "single_stream_tok_s": e["single_stream"]["per_user_tok_s"],
-                k + "single_stream_speedup": e["single_stream_speedup"],
-                k + "speedup_at_matched_interactivity": e["best_speedup_at_matched_interactivity"],
+                k + "single_stream_e2e_tok_s": e["single_stream"]["e2e_tok_s"],
+                k + "single_stream_e2e_tok_s_per_start": e["single_stream"].get(
+                    "e2e_tok_s_per_start"
+                ),
+                k + "single_stream_e2e_speedup": e["single_stream_e2e_speedup"],
+                k + "single_stream_decode_speedup": e["single_stream_speedup"],
+                k + "equal_requests_speedup": e.get("equal_requests"),
                 k + "vllm_tau": acc.get("tau"),
                 k + "offline_tau": acc.get("offline_tau"),
                 k + "speedup_over_tau": e["speedup_over_tau"],
@@ -130,16 +139,24 @@ def figures_of(serving: dict, prefix: str) -> dict:
                 k + "tpot_p50_ms": e["single_stream"]["tpot_ms"]["p50"],
             }
         )
-        if e["single_stream_speedup"] is not None:
-            speedups.append(e["single_stream_speedup"])
-    out[f"{prefix}best_single_stream_speedup"] = max(speedups) if speedups else None
+        if e["single_stream_e2e_speedup"]:
+            speedups.append(e["single_stream_e2e_speedup"]["ratio"])
+    out[f"{prefix}best_single_stream_e2e_speedup"] = max(speedups) if speedups else None
     out[f"{prefix}curves"] = {
         name: [[p["concurrency"], p["per_user_tok_s"], p["aggregate_tok_s"]] for p in e["curve"]]
         for name, e in engines.items()
         if e.get("served")
     }
     out[f"{prefix}settings"] = {
-        k: serving[k] for k in ("num_prompts", "max_tokens", "temperature", "dtype", "concurrency")
+        k: serving[k]
+        for k in (
+            "num_prompts",
+            "max_tokens",
+            "temperature",
+            "dtype",
+            "concurrency",
+            "server_starts",
+        )
     }
     out[f"{prefix}host"] = f"{platform.machine()}, {cpu_capability()}"
     return out

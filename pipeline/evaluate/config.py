@@ -158,8 +158,9 @@ class IdentityCheckConfig(ConfigModel):
     """T=0: outputs with and without each draft must agree, up to bf16 near-tie flips."""
 
     enabled: bool = True
-    # Prompts decoded one at a time on each engine (the same batching on both sides).
-    num_prompts: int = Field(4, gt=0)
+    # Prompts decoded one at a time on each engine (the same batching on both sides);
+    # None: every served prompt.
+    num_prompts: int | None = Field(None, gt=0)
     # At the first divergent position the target's fp32 logits (transformers, shared
     # prefix) decide: both tokens within this many logits of the best is a near-tie
     # flip; otherwise the draft changed the output and the run fails.
@@ -175,7 +176,12 @@ class ServingConfig(ConfigModel):
     num_prompts: int = Field(16, gt=0)
     max_tokens: int = Field(128, gt=0)
     # Requests in flight at each point of the throughput-vs-interactivity curve.
-    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 8, 16], min_length=1)
+    # Each engine's server is started this many times, the engines alternated (start i
+    # serves them in an order rotated by i); the single stream is measured on every
+    # start, the sweep on the first. The plain engine's second start is the identity
+    # check's plain-against-plain control.
+    server_starts: int = Field(3, gt=0)
     # Requests per level: max(num_prompts, this x concurrency), prompts cycled, so
     # every level keeps its slots full for a while.
     requests_per_slot: int = Field(2, gt=0)

@@ -75,10 +75,15 @@ class EvalResult:
             if not e.get("served"):
                 lines.append(f"serving {name}: not served ({e['reason']})")
                 continue
-            speedup = e.get("single_stream_speedup")
+            e2e = e.get("single_stream_e2e_speedup")
             lines.append(
-                f"serving {name}: {e['single_stream']['per_user_tok_s']} tok/s per user single "
-                f"stream" + (f", speedup {speedup}" if speedup is not None else "")
+                f"serving {name}: {e['single_stream']['e2e_tok_s']} tok/s end to end single "
+                f"stream"
+                + (
+                    f", speedup {e2e['ratio']} (95% CI {e2e['ci95'][0]}-{e2e['ci95'][1]})"
+                    if e2e
+                    else ""
+                )
             )
         lines.append(f"report: {self.json_path}, {self.markdown_path}")
         lines += [f"plot ({k}): {p}" for k, p in self.plots.items()]

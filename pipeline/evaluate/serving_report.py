@@ -27,6 +27,7 @@ def serving_markdown(section: dict) -> str:
         *_single_stream_table(section),
         *_position_rates(section),
         *_curve_table(section),
+        *_equal_requests(section),
         *_matched_interactivity(section),
     ]
     return "\n".join(out)
@@ -38,25 +39,37 @@ def _single_stream_table(section: dict) -> list[str]:
     out = [
         f"{section['num_prompts']} held-out prompts, up to {section['max_tokens']} tokens each, "
         f"T={section['temperature']}, {section['dtype']}; vLLM's OpenAI server driven by "
-        "vllm.benchmarks.serve. tok/s per user: a request's tokens after the first over the "
-        "time after its first (mean over requests); ITL: gaps between streamed chunks (a "
-        "chunk holds every token a verification round accepted); TPOT: per token.",
+        f"vllm.benchmarks.serve; every engine started {section.get('server_starts', 1)} times, "
+        "alternated. End to end: total output tokens over total request time, first token "
+        "included (per prompt, the mean over the starts; speedup with a paired bootstrap "
+        "95% interval over the prompts). Decode-only: a request's tokens after the first "
+        "over the time after its first (mean over requests). ITL: gaps between streamed "
+        "chunks (a chunk holds every token a verification round accepted); TPOT: per token.",
         "",
         "### Single stream (one request at a time)",
         "",
-        "| engine | tok/s per user | speedup | TTFT p50 ms | ITL p50 / p90 / p99 ms | "
-        "TPOT p50 ms | vLLM tau | offline tau | speedup / tau | T=0 identity | start s |",
+        "| engine | e2e tok/s | e2e speedup [95% CI] | e2e tok/s per start | decode-only tok/s "
+        "per user (speedup) | TTFT p50 ms | TPOT p50 ms | vLLM tau | offline tau | "
+        "T=0 identity | start s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in _served(section).items():
         s = e["single_stream"]
         acc = e.get("acceptance") or {}
+        e2e = e.get("single_stream_e2e_speedup") or {}
+        ci = e2e.get("ci95")
+        speedup = f"{_f(e2e.get('ratio'), 2)}" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+        starts = (
+            e["engine_start_s"] if isinstance(e["engine_start_s"], list) else [e["engine_start_s"]]
+        )
         out.append(
-            f"| {name} | {_f(s['per_user_tok_s'])} | {_f(e.get('single_stream_speedup'), 2)} | "
-            f"{_f(s['ttft_ms']['p50'])} | {_f(s['itl_ms']['p50'])} / {_f(s['itl_ms']['p90'])} / "
-            f"{_f(s['itl_ms']['p99'])} | {_f(s['tpot_ms']['p50'])} | {_f(acc.get('tau'), 3)} | "
-            f"{_f(acc.get('offline_tau'), 3)} | {_f(e.get('speedup_over_tau'), 2)} | "
-            f"{_identity(name, e.get('identity'))} | {_f(e['engine_start_s'])} |"
+            f"| {name} | {_f(s.get('e2e_tok_s'))} | {speedup if e2e else '-'} | "
+            f"{' / '.join(_f(x) for x in s.get('e2e_tok_s_per_start', []))} | "
+            f"{_f(s['per_user_tok_s'])} ({_f(e.get('single_stream_speedup'), 2)}) | "
+            f"{_f(s['ttft_ms']['p50'])} | {_f(s['tpot_ms']['p50'])} | {_f(acc.get('tau'), 3)} | "
+            f"{_f(acc.get('offline_tau'), 3)} | "
+            f"{_identity(name, e.get('identity'), e.get('identity_control'))} | "
+            f"{' / '.join(_f(x) for x in starts)} |"
         )
     for name, e in section["engines"].items():
         if not e.get("served"):
@@ -64,14 +77,17 @@ def _single_stream_table(section: dict) -> list[str]:
     return out
 
 
-def _identity(name: str, ident: dict | None) -> str:
-    """The T=0 identity cell: how many outputs matched the target's alone, and why not."""
-    if ident is None:
+def _identity(name: str, ident: dict | None, control: dict | None = None) -> str:
+    """The T=0 identity cell: how many outputs matched the target's alone, and why not
+    (the plain engine: its second start against its first, the control)."""
+    if ident is None and control is None:
         return "baseline" if name == BASELINE else "not checked"
-    return (
+    ident = ident or control
+    cell = (
         f"{ident['num_identical']}/{ident['num_prompts']} identical, "
         f"{ident['num_near_tie_flips']} near-tie, {ident['num_real_divergences']} real"
     )
+    return f"control: {cell}" if control is not None and name == BASELINE else cell
 
 
 def _position_rates(section: dict) -> list[str]:
@@ -111,6 +127,29 @@ def _curve_table(section: dict) -> list[str]:
     return out
 
 
+def _equal_requests(section: dict) -> list[str]:
+    """Each draft's aggregate throughput over the target alone's at equal requests in flight."""
+    drafted = {
+        n: e["equal_requests"]
+        for n, e in _served(section).items()
+        if n != BASELINE and e.get("equal_requests")
+    }
+    if not drafted:
+        return []
+    levels = sorted({int(c) for row in drafted.values() for c in row})
+    out = [
+        "",
+        "Aggregate tok/s with the draft over without, at equal requests in flight (first start):",
+        "",
+        "| draft | " + " | ".join(f"{c} in flight" for c in levels) + " |",
+        "|" + "---|" * (len(levels) + 1),
+    ]
+    return out + [
+        f"| {n} | " + " | ".join(_f(row.get(str(c)), 2) for c in levels) + " |"
+        for n, row in drafted.items()
+    ]
+
+
 def _matched_interactivity(section: dict) -> list[str]:
     """Each draft's speedup over the target alone at matched tok/s per user."""
     drafted = {
@@ -123,8 +162,8 @@ def _matched_interactivity(section: dict) -> list[str]:
     out = [
         "",
         "Speedup at matched interactivity: both curves interpolated at each measured "
-        "point's tok/s per user (n/a: a curve does not reach that interactivity; extend "
-        "serving.concurrency for more overlap):",
+        "point's tok/s per user, only where both curves span it (n/a: one does not reach "
+        "that interactivity; extend serving.concurrency for more overlap):",
         "",
         "| draft | at point | tok/s per user | no-draft aggregate | draft aggregate | speedup |",
         "|---|---|---|---|---|---|",

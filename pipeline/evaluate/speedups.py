@@ -1,9 +1,13 @@
 """Speedups read off the serving curves (the `serving:` section's per-draft figures).
 
-Single stream: tokens/s per user with the draft over without, and end to end
-(first token included) with a paired bootstrap interval over the prompts. At
-matched interactivity: the draft curve's aggregate throughput interpolated at
-each measured point's tokens/s per user, over the baseline's there.
+Single stream: end to end (first token included, total tokens over total
+time) with the draft over without, with a paired bootstrap interval over the
+prompts: the headline; the decode-only rate per user beside it. At equal
+requests in flight: aggregate throughput with the draft over without, at each
+level both engines measured. At matched interactivity: the draft curve's
+aggregate throughput interpolated at each measured point's tokens/s per user,
+over the baseline's there, only where both curves span that point (no best
+over the curve: a point on a steep stretch of one curve says little).
 """
 
 from __future__ import annotations
@@ -48,6 +52,18 @@ def matched_interactivity(baseline: list[dict], drafted: list[dict]) -> list[dic
     return sorted(rows, key=lambda r: -r["per_user_tok_s"])
 
 
+def equal_requests(baseline: list[dict], drafted: list[dict]) -> dict[str, float | None]:
+    """{requests in flight: aggregate tok/s with the draft over without} at every level
+    both curves measured."""
+    base = {p["concurrency"]: p["aggregate_tok_s"] for p in baseline}
+    out = {}
+    for p in drafted:
+        b, d = base.get(p["concurrency"]), p["aggregate_tok_s"]
+        if p["concurrency"] in base:
+            out[str(p["concurrency"])] = round(d / b, 4) if b and d else None
+    return out
+
+
 def e2e_speedup(base: dict, drafted: dict) -> dict | None:
     """End-to-end tokens/s with the draft over without, one request in flight, with a
     paired bootstrap interval over the prompts (both engines served the same prompts)."""
@@ -79,7 +95,5 @@ def add_speedups(section: dict[str, Any]) -> None:
         tau = (entry.get("acceptance") or {}).get("tau")
         # How much of the acceptance length turns into speed (1.0: drafting is free).
         entry["speedup_over_tau"] = round(single / tau, 4) if single and tau else None
-        rows = matched_interactivity(base["curve"], entry["curve"])
-        entry["matched_interactivity"] = rows
-        found = [r["speedup"] for r in rows if r["speedup"] is not None]
-        entry["best_speedup_at_matched_interactivity"] = max(found) if found else None
+        entry["matched_interactivity"] = matched_interactivity(base["curve"], entry["curve"])
+        entry["equal_requests"] = equal_requests(base["curve"], entry["curve"])

@@ -1,5 +1,6 @@
 """The serving benchmark on the toy target: vLLM's OpenAI server without and with a DFlash
-export, at concurrency 1 and 4, every figure of the report present (two real engines).
+export, each started twice, alternated, at concurrency 1 and 4, every figure of the report
+present (two real engines).
 
 Run it under the heavy lock: `flock /tmp/dspark-heavy.lock python -m pytest -q
 tests/evaluate/test_serving.py`.
@@ -39,6 +40,7 @@ def test_serving_benchmark_reports_speed_acceptance_and_identity(dflash_run, tmp
                 enforce_eager=True,
                 max_model_len=512,
                 identity=dict(num_prompts=2),
+                server_starts=2,
             ),
         )
     )
@@ -46,8 +48,13 @@ def test_serving_benchmark_reports_speed_acceptance_and_identity(dflash_run, tmp
     s = result.report["serving"]
     assert set(s["engines"]) == {BASELINE, "DFlash"}
     for e in s["engines"].values():
-        assert e["served"] and e["engine_start_s"] > 0
+        assert e["served"] and len(e["engine_start_s"]) == 2 and min(e["engine_start_s"]) > 0
         single = e["single_stream"]
+        # end to end: the per-prompt means over the two starts, each start's rate beside
+        assert len(single["e2e_tok_s_per_start"]) == 2 and single["e2e_tok_s"] > 0
+        tokens, latency = single["per_request"]["output_tokens"], single["per_request"]["latency_s"]
+        assert len(tokens) == len(latency) == 4
+        assert single["e2e_tok_s"] == pytest.approx(sum(tokens) / sum(latency), rel=1e-3)
         assert single["concurrency"] == 1 and single["num_requests"] >= 4
         assert single["output_tokens"] == single["num_requests"] * 24  # ignore_eos
         assert single["per_user_tok_s"] > 0
@@ -67,13 +74,23 @@ def test_serving_benchmark_reports_speed_acceptance_and_identity(dflash_run, tmp
     ident = d["identity"]
     assert ident["num_prompts"] == 2 and ident["ok"] and ident["num_real_divergences"] == 0
     assert d["single_stream_speedup"] > 0 and d["speedup_over_tau"] > 0
+    e2e = d["single_stream_e2e_speedup"]
+    assert e2e["ci95"][0] <= e2e["ratio"] <= e2e["ci95"][1]
+    assert set(d["equal_requests"]) == {"1", "4"} and all(
+        v > 0 for v in d["equal_requests"].values()
+    )
     rows = d["matched_interactivity"]
     assert len(rows) == 4 and {r["point"] for r in rows} >= {"no draft c=1", "draft c=4"}
     assert all(r["speedup"] is None or r["speedup"] > 0 for r in rows)
-    assert "best_speedup_at_matched_interactivity" in d
+    assert "best_speedup_at_matched_interactivity" not in d  # no best over the curve
+    # the control: the plain engine's second start against its first, in fp32 identical
+    control = s["engines"][BASELINE]["identity_control"]
+    assert control["num_prompts"] == 2 and control["num_identical"] == 2
     # The report: the plot and the tables beside the tau tables.
     assert result.plots["throughput vs interactivity"].stat().st_size > 10_000
     md = result.markdown_path.read_text()
     assert "## Serving speed" in md and "Throughput vs interactivity" in md
     assert json.loads(result.json_path.read_text())["serving"]["engines"]["DFlash"]["served"]
-    assert (tmp_path / "serving" / "DFlash.log").exists()
+    assert "at equal requests in flight" in md
+    for start in (0, 1):
+        assert (tmp_path / "serving" / f"DFlash-start{start}.log").exists()

@@ -131,12 +131,14 @@ def test_speedups_tables_and_plot(tmp_path):
     assert e2e["ratio"] == pytest.approx((84 / 0.46) / (84 / 0.86), abs=1e-3)
     assert e2e["ci95"][0] <= e2e["ratio"] <= e2e["ci95"][1]
     assert d["speedup_over_tau"] == pytest.approx(0.9)
-    assert d["best_speedup_at_matched_interactivity"] == pytest.approx(
-        max(r["speedup"] for r in d["matched_interactivity"] if r["speedup"])
-    )
-    assert d["best_speedup_at_matched_interactivity"] == pytest.approx(648.0 / 100.0)
+    assert "best_speedup_at_matched_interactivity" not in d  # no best over the curve
+    # equal requests in flight: only the levels both curves measured (16: the draft only)
+    assert d["equal_requests"] == {"1": pytest.approx(1.8), "4": pytest.approx(1.5)}
+    base[0]["e2e_tok_s"], draft[0]["e2e_tok_s"] = 97.67, 182.61
     md = serving_markdown(section)
-    assert "| DFlash | 180.0 | 1.80 |" in md and "not served: vLLM's dspark" in md
+    assert "| DFlash | 182.6 | 1.87 [" in md and "180.0 (1.80)" in md
+    assert "not served: vLLM's dspark" in md
+    assert "| DFlash | 1.80 | 1.50 |" in md  # the equal-requests table
     assert "1/2 identical, 1 near-tie, 0 real" in md
     png = plot_serving(section, tmp_path / "curve.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -151,4 +153,5 @@ def test_config_checks_name_the_fix():
     with pytest.raises(ConfigError, match="identity.enabled: false"):
         parse_eval_config({**base, "serving": dict(temperature=1.0)})
     ok = parse_eval_config({**base, "serving": dict(temperature=1.0, identity=dict(enabled=False))})
-    assert ok.serving.concurrency == [1, 4, 16, 64] and ok.served_drafts() == ["a"]
+    assert ok.serving.concurrency == [1, 2, 3, 4, 8, 16] and ok.served_drafts() == ["a"]
+    assert ok.serving.server_starts == 3 and ok.serving.identity.num_prompts is None
