@@ -182,6 +182,9 @@ class ServingConfig(ConfigModel):
     # start, the sweep on the first. The plain engine's second start is the identity
     # check's plain-against-plain control.
     server_starts: int = Field(3, gt=0)
+    # Adaptive drafting (the project's vLLM plugin): the requests in flight at which
+    # verifying a token costs as much as generating one; None: every drafted token sent.
+    adaptive_requests: float | None = Field(None, gt=0.0)
     # Requests per level: max(num_prompts, this x concurrency), prompts cycled, so
     # every level keeps its slots full for a while.
     requests_per_slot: int = Field(2, gt=0)

@@ -82,6 +82,10 @@ def server_command(
         }
         args += ["--speculative-config", json.dumps(spec)]
         env.update(vllm_env(engine.method))
+        if config.adaptive_requests is not None:  # the project's vLLM plugin reads it
+            from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV
+
+            env[ADAPTIVE_ENV] = str(config.adaptive_requests)
     return args, env
 
 

@@ -12,6 +12,7 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.drafts.registry import KINDS
+from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV
 from pipeline.evaluate.config import ServingConfig, parse_eval_config
 from pipeline.evaluate.server import BASELINE, Engine, server_command
 from pipeline.evaluate.serving import engines_for
@@ -76,6 +77,13 @@ def test_each_kinds_serving_facts_decide_its_engine(cuda, monkeypatch):
         assert ("VLLM_USE_V2_MODEL_RUNNER" in env) == bool(kind.vllm_env)
     _, plain_env = server_command("t", Engine(BASELINE), ServingConfig(), port=1, memory=None)
     assert "VLLM_USE_V2_MODEL_RUNNER" not in plain_env
+    # adaptive drafting reaches the plugin in the server's environment, drafts only
+    adaptive = ServingConfig(adaptive_requests=16)
+    dflash = engines["dflash"]
+    assert server_command("t", dflash, adaptive, port=1, memory=None)[1][ADAPTIVE_ENV] == "16.0"
+    assert (
+        ADAPTIVE_ENV not in server_command("t", Engine(BASELINE), adaptive, port=1, memory=None)[1]
+    )
 
 
 def test_a_served_method_is_one_the_registry_knows():
