@@ -210,8 +210,9 @@ def adaptive_requests() -> float | None:
 
 class AcceptanceRate:
     """Running conditional acceptance per drafted position (the chance position k is
-    accepted once the positions before it were), from the rounds vLLM verified; it
-    starts at one in two and forgets old rounds at `decay` per round."""
+    accepted once the positions before it were), from the rounds vLLM verified. It
+    starts at one in two, and every drafting round its evidence fades toward that
+    prior by `decay`, so a position it stopped sending is tried again later."""
 
     def __init__(self, k: int, decay: float = 0.98) -> None:
         self.tried = [2.0] * k
@@ -221,8 +222,14 @@ class AcceptanceRate:
     def update(self, sent: int, accepted: int) -> None:
         """One verified round: `sent` tokens drafted, the first `accepted` of them kept."""
         for pos in range(min(accepted + 1, sent, len(self.tried))):
-            self.tried[pos] = self.decay * self.tried[pos] + 1
-            self.hits[pos] = self.decay * self.hits[pos] + (pos < accepted)
+            self.tried[pos] += 1
+            self.hits[pos] += pos < accepted
+
+    def fade(self) -> None:
+        """One drafting round passed: old evidence weighs `decay` as much."""
+        d = self.decay
+        self.tried = [d * t + (1 - d) * 2.0 for t in self.tried]
+        self.hits = [d * h + (1 - d) * 1.0 for h in self.hits]
 
     def rates(self) -> list[float]:
         return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
@@ -249,6 +256,7 @@ def _send_lengths(drafter, num_requests: int, saturation: float) -> list[int]:
     """The prefix each request of the latest round sends (its confidence or the rates)."""
     k = drafter.num_speculative_tokens
     rate = drafter.__dict__.setdefault("_dspark_rate", AcceptanceRate(k))
+    rate.fade()
     confidence = getattr(drafter, "_dspark_confidence", None)
     if confidence is not None and confidence.shape[0] >= num_requests:
         chance = confidence[:num_requests].tolist()
@@ -326,7 +334,9 @@ def _patch(cls) -> None:
             log.info("dspark-targets: DSpark heads loaded from %s", self.draft_model_config.model)
 
     def propose_with_anchors(self, *args, **kwargs):
-        self._dspark_anchors = kwargs.get("next_token_ids")
+        # propose(num_speculative_tokens, target_token_ids, target_positions,
+        #         target_hidden_states, next_token_ids, ...)
+        self._dspark_anchors = kwargs.get("next_token_ids", args[4] if len(args) > 4 else None)
         return propose(self, *args, **kwargs)
 
     def sample_draft_tokens(self, hidden, sampling_metadata):

@@ -83,6 +83,11 @@ def test_the_acceptance_rate_counts_only_the_positions_verified():
     assert rate.rates() == [2 / 3, 1 / 3, 0.5, 0.5]
     rate.update(sent=2, accepted=2)  # both sent accepted; 3 and 4 were not sent
     assert rate.rates() == [3 / 4, 2 / 4, 0.5, 0.5]
+    fading = AcceptanceRate(2, decay=0.5)
+    fading.update(sent=2, accepted=0)  # position 1 rejected: 1 / 3
+    for _ in range(20):  # rounds with nothing sent: back toward one in two
+        fading.fade()
+    assert abs(fading.rates()[0] - 0.5) < 1e-4
 
 
 def test_adaptive_drafting_is_set_by_one_number(monkeypatch):
