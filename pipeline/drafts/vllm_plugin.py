@@ -3,9 +3,9 @@
 vLLM's own `dspark` method lives in its Model Runner V2, which needs Triton;
 the CPU build runs the older runner, whose `DFlashProposer` serves a DSpark
 draft's backbone only. A DSpark draft of the fill-in layout exports as
-`dflash` plus its heads in a file of their own (`dspark_heads` in
-config.json, pipeline/drafts/dspark/export.py): its whole DSpark form in a
-folder, which vLLM's dflash loader never reads. This plugin, loaded by vLLM in every engine process through the
+`dflash` with its whole DSpark form in a folder beside (`dspark_heads` in
+config.json, pipeline/drafts/dspark/export.py), which vLLM's dflash loader
+never reads. This plugin, loaded by vLLM in every engine process through the
 `vllm.general_plugins` entry point, gives `DFlashProposer` those heads:
 
 * after the draft loads, the heads of its DSpark form (if it has one) are read;
@@ -49,11 +49,7 @@ SUPPORTED_VLLM = ("0.32.0",)
 DRAFT_LOG_ENV = "DSPARK_TARGETS_DRAFT_LOG"
 ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
 _PATCHED = "_dspark_targets_patched"  # on the patched class
-_HEADS = "_dspark_heads"
-_HEAD_PREFIXES = (
-    "markov_head.",
-    "confidence_head.",
-)  # pipeline/drafts/dspark/export.py's  # a proposer's ServedHeads (None: a draft without heads)
+_HEADS = "_dspark_heads"  # a proposer's ServedHeads (None: a draft without heads)
 
 
 def vllm_version() -> str | None:
