@@ -10,7 +10,8 @@ DFlash, EAGLE-3) with a few keys changed (GRID). At the first budget every cell
 trains; after each budget the best `--keep` cells of each kind by held-out T=0
 macro tau go on to the next budget, with one more per kind that combines every
 single change that beat the kind's base at the first budget (the cells cut are
-recorded). The last budget trains each survivor under every seed of
+recorded). A cell that trained over COSTLY times its base's seconds goes on only
+if it beat the base by COSTLY_GAIN: the study compares recipes at equal compute. The last budget trains each survivor under every seed of
 `--final-seeds`. Each run lives in WORK/<cell>/steps<N>-seed<S>/ and its figures
 in study.json there: a rerun reuses every finished run and resumes an
 interrupted one from its checkpoint.
@@ -51,6 +52,9 @@ RESULT = "study.json"
 # What a kind's base cell keeps fixed, whatever pipeline/demo/configs/train-real*.yaml
 # later adopt from the study: DSpark's base trains the paper's 0.1 CE + 0.9 L1 + BCE.
 PINNED = {"DSpark": {"loss.ce_weight": 0.1}}
+# The screen's compute rule: a cell over COSTLY times its base's training seconds goes
+# on (alone or in the combined cell) only when COSTLY_GAIN times the base's tau or more.
+COSTLY, COSTLY_GAIN = 2.0, 1.05
 
 
 @dataclass(frozen=True)
@@ -211,24 +215,51 @@ def macro(run: dict, where: str = "heldout", row: str = "draft") -> float:
     return run[where].get(row, {}).get("tau_macro", math.nan)
 
 
-def combined(cells: list[Cell], first: dict[str, float]) -> list[Cell]:
+def base_of(cells: list[Cell], draft: str) -> Cell:
+    return next(c for c in cells if c.draft == draft and not c.changes and not c.warm_from)
+
+
+def affordable(cells: list[Cell], scores: dict[str, float], seconds: dict[str, float]) -> set:
+    """The cells worth their compute: at most COSTLY times their base's training seconds,
+    or ahead of the base by at least COSTLY_GAIN (a dearer recipe must buy its cost)."""
+    out = set()
+    for c in cells:
+        base = base_of(cells, c.draft).name
+        cheap = seconds.get(c.name, 0) <= COSTLY * seconds.get(base, math.inf)
+        if cheap or scores.get(c.name, 0) >= COSTLY_GAIN * scores[base]:
+            out.add(c.name)
+    return out
+
+
+def combined(cells: list[Cell], first: dict[str, float], worth: set | None = None) -> list[Cell]:
     """Per draft kind, one cell with every single change that beat its base at the first
-    budget (of changes to one key, the best); none where no change beat the base."""
+    budget and is worth its compute (of changes to one key, the best; a warm start that
+    beat the base makes the combined cell warm-start too); none where fewer than two
+    changes qualify."""
     out = []
     for draft in dict.fromkeys(c.draft for c in cells):
-        base = next(c for c in cells if c.draft == draft and not c.changes and not c.warm_from)
+        base = base_of(cells, draft)
         best: dict[str, tuple[float, Cell]] = {}
+        warm = None
         for c in cells:
-            if c.draft == draft and len(c.changes) == 1 and first.get(c.name, 0) > first[base.name]:
+            if c.draft != draft or (worth is not None and c.name not in worth):
+                continue
+            if first.get(c.name, 0) <= first[base.name]:
+                continue
+            if c.warm_from and not c.changes:
+                warm = c
+            elif len(c.changes) == 1 and not c.warm_from:
                 (key,) = c.changes
                 if key not in best or first[c.name] > best[key][0]:
                     best[key] = (first[c.name], c)
-        if len(best) > 1:
-            winners = sorted(best.values(), key=lambda t: t[1].name)
-            name = (
-                base.name + "+" + "+".join(c.name.removeprefix(base.name + "-") for _, c in winners)
+        if len(best) + (warm is not None) > 1:
+            winners = [c for _, c in sorted(best.values(), key=lambda t: t[1].name)]
+            tags = [c.name.removeprefix(base.name + "-") for c in winners]
+            tags += [warm.name.removeprefix(base.name + "-")] if warm else []
+            changes = {k: v for c in winners for k, v in c.changes.items()}
+            out.append(
+                Cell(base.name + "+" + "+".join(tags), draft, changes, warm.warm_from if warm else None)
             )
-            out.append(Cell(name, draft, {k: v for _, c in winners for k, v in c.changes.items()}))
     return out
 
 
@@ -261,12 +292,17 @@ def halving(
         if last:
             break
         scores = {n: sum(macro(r) for r in rs) / len(rs) for n, rs in got.items()}
+        seconds = {n: sum(r["train_seconds"] for r in rs) / len(rs) for n, rs in got.items()}
+        worth = affordable(alive, scores, seconds) if i == 0 else {c.name for c in alive}
         survivors = []
         for draft in dict.fromkeys(c.draft for c in alive):
-            ranked = sorted((c for c in alive if c.draft == draft), key=lambda c: -scores[c.name])
+            ranked = sorted(
+                (c for c in alive if c.draft == draft and c.name in worth),
+                key=lambda c: -scores[c.name],
+            )
             survivors += ranked[: keep[min(i, len(keep) - 1)]]
         if i == 0:
-            extra = combined(alive, scores)
+            extra = combined(alive, scores, worth)
             cells.update({c.name: c for c in extra})
             survivors += extra
         cut[budget] = sorted(c.name for c in alive if c not in survivors)

@@ -11,7 +11,7 @@ from train_configs import toy_train_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from draft_study import Cell, Study, best_runs, combined, halving  # noqa: E402
+from draft_study import Cell, Study, affordable, best_runs, combined, halving  # noqa: E402
 
 
 def _study(toy_shards, tmp_path) -> Study:
@@ -73,3 +73,34 @@ def test_combined_cell_takes_each_change_that_beat_the_base():
     assert cell.name == "d+B8+L3"
     assert cell.changes == {"draft.num_layers": 3, "draft.block_size": 8}
     assert combined(cells[:2], {"d": 1.5, "d-L2": 1.4}) == []
+
+
+def test_combined_cell_warm_starts_when_the_warm_start_beat_the_base():
+    cells = [
+        Cell("d", "DSpark"),
+        Cell("d-R256", "DSpark", {"draft.markov_rank": 256}),
+        Cell("d-warm", "DSpark", {}, warm_from="f"),
+        Cell("f", "DFlash"),
+    ]
+    (cell,) = combined(cells, {"d": 1.5, "d-R256": 1.6, "d-warm": 1.7, "f": 1.4})
+    assert (cell.name, cell.changes, cell.warm_from) == (
+        "d+R256+warm",
+        {"draft.markov_rank": 256},
+        "f",
+    )
+    # A warm start that did not beat the base stays out, and one change alone combines nothing.
+    assert combined(cells, {"d": 1.5, "d-R256": 1.6, "d-warm": 1.4, "f": 1.4}) == []
+
+
+def test_a_dear_cell_goes_on_only_when_it_buys_its_compute():
+    cells = [
+        Cell("d", "DSpark"),
+        Cell("d-A128", "DSpark", {"data.num_anchors": 128}),
+        Cell("d-L2", "DSpark", {"draft.num_layers": 2}),
+    ]
+    seconds = {"d": 100.0, "d-A128": 400.0, "d-L2": 150.0}
+    scores = {"d": 1.50, "d-A128": 1.53, "d-L2": 1.51}
+    assert affordable(cells, scores, seconds) == {"d", "d-L2"}
+    assert combined(cells, scores, {"d", "d-L2"}) == []  # A128 is out: L2 alone combines nothing
+    scores["d-A128"] = 1.60  # 7% ahead: worth four times the seconds
+    assert affordable(cells, scores, seconds) == {"d", "d-A128", "d-L2"}
