@@ -3,7 +3,7 @@ training compute on the real target, screened by successive halving.
 
     .venv/bin/python bench/draft_study.py --data DATASET --work WORK
         [--budgets 300 1200 4800] [--keep 3 1] [--seeds 0] [--final-seeds 0 1]
-        [--only CELL ...] [--max-samples N]
+        [--only CELL ...] [--max-samples N] [--serve-cost]
 
 Every cell is a recipe: a draft of pipeline/demo/configs/train-real*.yaml (DSpark,
 DFlash, EAGLE-3) with a few keys changed (GRID). At the first budget every cell
@@ -24,7 +24,9 @@ T=1 on the trainer's held-out samples (`tau_tv`, 1 + sum_k prod_i (1 - TV_i));
 training seconds (a warm start counts its source's too) and context tokens; the
 draft's layer passes per drafting round (DSpark/DFlash: its layers once over the
 block; EAGLE-3: its layer once per drafted token), a proxy for the served
-cost. Figures merge into bench/results.json as `study_*`, the section of
+cost, and with `--serve-cost` the served cost itself at the last budget: the
+median drafting round of each export served single-stream in CPU vLLM (the
+plugin's round timer), beside the plain target's time per token. Figures merge into bench/results.json as `study_*`, the section of
 bench/RESULTS.md is replaced, and bench/figures/study_tau_vs_compute.png plots
 tau against training seconds.
 """
@@ -115,6 +117,7 @@ class Study:
     left_out: tuple[str, ...] = ()
     max_samples: int | None = None
     base: dict[str, tuple] = field(default_factory=dict)  # draft -> (yaml path, overrides)
+    serve_cost: bool = False  # the last budget's runs served in vLLM for their round cost
 
     def run_dir(self, cell: Cell, budget: int, seed: int) -> Path:
         return self.work / cell.name / f"steps{budget}-seed{seed}"
@@ -210,6 +213,40 @@ class Study:
                 r[where]["backbone"] = rows[f"{key}/backbone"]["offline_t0"]
             self.save(r)
 
+    def served_cost(self, records: list[dict], num_prompts: int = 8, max_tokens: int = 64) -> None:
+        """Fill `served_round_ms` of every record that lacks it: the median wall time of one
+        drafting round with its export served single-stream in CPU vLLM (heads included),
+        beside `target_token_ms`, the plain engine's end-to-end time per generated token
+        on the same prompts (left-out samples' prompts, which no draft trained on)."""
+        import statistics
+
+        from pipeline.drafts.vllm_check import decode
+        from pipeline.table.split import DatasetSplit
+        from pipeline.targets.resolve import resolve_model
+
+        todo = [r for r in records if "served_round_ms" not in r]
+        if not todo:
+            return
+        split = DatasetSplit(self.data, sources=list(self.left_out) or None, heldout_fraction=0.0)
+        samples = split.decode(split.train_rows[:num_prompts])
+        prompts = [s.input_ids[: s.num_prompt_tokens].tolist() for s in samples]
+        target = resolve_model(self.target)
+        plain = decode(target, prompts, max_tokens=max_tokens, single_stream=True)
+        token_ms = 1e3 * plain.seconds / max(1, sum(len(o) for o in plain.outputs))
+        for r in todo:
+            run = decode(
+                target,
+                prompts,
+                max_tokens=max_tokens,
+                draft_dir=str(Path(r["run_dir"]) / "export"),
+                single_stream=True,
+                round_times=True,
+            )
+            r["served_round_ms"] = round(statistics.median(run.round_ms), 2)
+            r["target_token_ms"] = round(token_ms, 2)
+            r["served_tau"] = round(run.tau, 3)
+            self.save(r)
+
 
 def macro(run: dict, where: str = "heldout", row: str = "draft") -> float:
     return run[where].get(row, {}).get("tau_macro", math.nan)
@@ -258,7 +295,12 @@ def combined(cells: list[Cell], first: dict[str, float], worth: set | None = Non
             tags += [warm.name.removeprefix(base.name + "-")] if warm else []
             changes = {k: v for c in winners for k, v in c.changes.items()}
             out.append(
-                Cell(base.name + "+" + "+".join(tags), draft, changes, warm.warm_from if warm else None)
+                Cell(
+                    base.name + "+" + "+".join(tags),
+                    draft,
+                    changes,
+                    warm.warm_from if warm else None,
+                )
             )
     return out
 
@@ -290,6 +332,8 @@ def halving(
             study.evaluate(mine, "left_out", backbone=last and i > 0)
         runs.extend(mine)
         if last:
+            if study.serve_cost:
+                study.served_cost(mine)
             break
         scores = {n: sum(macro(r) for r in rs) / len(rs) for n, rs in got.items()}
         seconds = {n: sum(r["train_seconds"] for r in rs) / len(rs) for n, rs in got.items()}
@@ -351,6 +395,9 @@ def compact(run: dict) -> dict:
             "tau_t1_teacher_forced",
         )
     }
+    out.update(
+        {k: run[k] for k in ("served_round_ms", "target_token_ms", "served_tau") if k in run}
+    )
     out["changes"] = {k: v for k, v in run["changes"].items() if k != "init_from"}
     out["T0_heldout"], out["T0_left_out"] = tau("heldout"), tau("left_out")
     if run["heldout"].get("backbone"):
@@ -408,6 +455,12 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _round_ms(run: dict) -> str:
+    if "served_round_ms" not in run:
+        return "-"
+    return f"{run['served_round_ms']:.1f} (target {run['target_token_ms']:.1f})"
+
+
 def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) -> str:
     def fmt(t) -> str:
         if not t:
@@ -421,15 +474,18 @@ def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) 
         f"SmolLM2-135M-Instruct; `{command}`. Held-out split of the training mixture and every sample "
         f"of the source left out of training ({', '.join(left_out)}); T=0 exact offline walk, 95% "
         "bootstrap intervals; T=1 tf: teacher-forced expected acceptance on the trainer's held-out "
-        "samples; passes: draft layer passes per drafting round. Plot: "
+        "samples; passes: draft layer passes per drafting round; round ms: the median drafting "
+        "round served single-stream in CPU vLLM (heads included), the target's own ms per token "
+        "beside it. Plot: "
         "[figures/study_tau_vs_compute.png](figures/study_tau_vs_compute.png).",
         "",
-        "| budget | cell | seed | train s | passes | T=0 held-out | T=0 left-out | DSpark backbone | T=1 tf |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| budget | cell | seed | train s | passes | round ms | T=0 held-out | T=0 left-out | DSpark backbone | T=1 tf |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: (r["budget"], r["draft"], -macro(r))):
         lines.append(
             f"| {r['budget']} | {r['cell']} | {r['seed']} | {r['train_seconds']:.0f} | {r['layer_passes_per_round']} | "
+            f"{_round_ms(r)} | "
             f"{fmt(r['heldout'].get('draft'))} | {fmt(r['left_out'].get('draft'))} | "
             f"{fmt(r['heldout'].get('backbone'))} | {r['tau_t1_teacher_forced']:.3f} |"
         )
@@ -469,6 +525,11 @@ def main() -> None:
         default=None,
         help="measure the left-out source from this budget on (default: the second; one budget: it)",
     )
+    parser.add_argument(
+        "--serve-cost",
+        action="store_true",
+        help="serve the last budget's drafts in CPU vLLM for their drafting round's cost",
+    )
     args = parser.parse_args()
 
     from pipeline.demo import CONFIG_DIR
@@ -481,6 +542,7 @@ def main() -> None:
         work=args.work,
         left_out=REAL_LEFT_OUT,
         max_samples=args.max_samples,
+        serve_cost=args.serve_cost,
         # DSpark's base is the paper's loss whatever train-real.yaml now sets.
         base={
             n: (CONFIG_DIR / y, {**o, **PINNED.get(n, {})}) for n, (y, _, o) in REAL_DRAFTS.items()

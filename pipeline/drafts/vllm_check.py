@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.drafts.registry import served_method, vllm_env
+from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV
 
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -40,6 +41,7 @@ class DecodeRun:
     accepted_per_pos: list[int] = field(default_factory=list)
     seconds: float = 0.0
     request_ids: list[str] = field(default_factory=list)  # vLLM's, in prompt order
+    round_ms: list[float] = field(default_factory=list)  # each drafting round (round_times)
 
     @property
     def tau(self) -> float:
@@ -87,9 +89,13 @@ def decode(
     max_model_len: int = 1024,
     gpu_memory_utilization: float = 0.2,
     timeout_s: float = 600,
+    single_stream: bool = False,
+    round_times: bool = False,
 ) -> DecodeRun:
     """One engine in a child process; greedy decoding of `prompts` (with the draft in
-    `draft_dir`, served as `method`, None: the method of its export's format)."""
+    `draft_dir`, served as `method`, None: the method of its export's format), all
+    submitted together or, `single_stream`, one after another; `round_times` records
+    the wall time of every drafting round (the plugin's ROUND_TIMES_ENV)."""
     if draft_dir and method is None:
         method = export_method(draft_dir)
     request = {
@@ -102,12 +108,16 @@ def decode(
         "dtype": dtype,
         "max_model_len": max_model_len,
         "gpu_memory_utilization": gpu_memory_utilization,
+        "single_stream": single_stream,
     }
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
     if draft_dir:
         env.update(vllm_env(method))
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:
         out = Path(tmp) / "result.json"
+        times = Path(tmp) / "round_times.jsonl"
+        if round_times:
+            env[ROUND_TIMES_ENV] = str(times)
         proc = subprocess.run(
             [sys.executable, "-m", "pipeline.drafts.vllm_check", str(out)],
             input=json.dumps(request),
@@ -122,7 +132,10 @@ def decode(
                 f"vLLM {'with draft ' + str(draft_dir) if draft_dir else 'plain'} decoding failed "
                 f"(exit {proc.returncode}):\n{tail}"
             )
-        return DecodeRun(**json.loads(out.read_text()))
+        run = DecodeRun(**json.loads(out.read_text()))
+        if times.exists():
+            run.round_ms = [json.loads(line)["ms"] for line in times.read_text().splitlines()]
+        return run
 
 
 def speculative_check(
@@ -191,9 +204,11 @@ def _child(out_path: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"])
     before = _counters(llm)
     started = time.perf_counter()
-    results = llm.generate(
-        [{"prompt_token_ids": p} for p in req["prompts"]], params, use_tqdm=False
-    )
+    prompts = [{"prompt_token_ids": p} for p in req["prompts"]]
+    if req.get("single_stream"):
+        results = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    else:
+        results = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - started
     after = _counters(llm)
     per_pos_before = before["accepted_per_pos"] or [0] * len(after["accepted_per_pos"])

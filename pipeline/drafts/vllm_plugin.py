@@ -33,6 +33,10 @@ refuses to serve heads in one line.
 `DRAFT_LOG_ENV`, when set to a path, appends one JSON line per request and
 round (request id, anchor position, anchor, drafted tokens): how the tests
 check that vLLM drafts what the project's drafter drafts on the same context.
+`ROUND_TIMES_ENV`, set to a path when the engine starts, appends the wall time
+of every drafting round of any draft (the model runner's whole drafting step,
+single process: a CPU measure) with the requests it drafted for: the served
+cost of one round (bench/draft_study.py).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ log = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.32.0",)
 DRAFT_LOG_ENV = "DSPARK_TARGETS_DRAFT_LOG"
 ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
+ROUND_TIMES_ENV = "DSPARK_TARGETS_ROUND_TIMES"
 _PATCHED = "_dspark_targets_patched"  # on the patched class
 _HEADS = "_dspark_heads"  # a proposer's ServedHeads (None: a draft without heads)
 
@@ -308,6 +313,24 @@ def _patch_runner(cls) -> None:
     cls._get_draft_token_ids_cpu = trimmed
 
 
+def _patch_round_times(cls, path: str) -> None:
+    """Every drafting round's wall time, appended to `path` (ROUND_TIMES_ENV)."""
+    import time
+
+    propose = cls.propose_draft_token_ids
+
+    def timed(self, scheduler_output, *args, **kwargs):
+        started = time.perf_counter()
+        out = propose(self, scheduler_output, *args, **kwargs)
+        ms = (time.perf_counter() - started) * 1e3
+        with open(path, "a") as f:
+            f.write(json.dumps({"ms": ms, "requests": len(scheduler_output.num_scheduled_tokens)}))
+            f.write("\n")
+        return out
+
+    cls.propose_draft_token_ids = timed
+
+
 def _patch(cls) -> None:
     load_model = cls.load_model
     propose = cls.propose
@@ -366,4 +389,6 @@ def register() -> bool:
         _patch_base(SpecDecodeBaseProposer)
         _patch_runner(GPUModelRunner)
         _patch(DFlashProposer)
+        if os.environ.get(ROUND_TIMES_ENV):
+            _patch_round_times(GPUModelRunner, os.environ[ROUND_TIMES_ENV])
     return True

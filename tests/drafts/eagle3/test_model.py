@@ -266,6 +266,8 @@ def test_vllm_serves_eagle3_losslessly(eagle3_draft, plain_toy_decode, trained_t
         draft_dir=eagle3_draft.export_dir,
         method="eagle3",
         num_speculative_tokens=7,
+        single_stream=True,  # one request at a time: a round drafts for one request
+        round_times=True,
     )
     print(
         f"eagle3: drafts={spec.num_drafts} draft_tokens={spec.num_draft_tokens} "
@@ -278,6 +280,10 @@ def test_vllm_serves_eagle3_losslessly(eagle3_draft, plain_toy_decode, trained_t
     per_pos = spec.accepted_per_pos
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
     assert spec.tau > 1.5  # a trained draft is accepted (vs 1.0 for a broken layout)
+    # Every drafting round timed (the plugin's round timer, any draft kind): one per
+    # verified draft, plus at most one unverified last proposal per request.
+    assert spec.num_drafts <= len(spec.round_ms) <= spec.num_drafts + len(prompts)
+    assert all(ms > 0 for ms in spec.round_ms)
 
 
 @pytest.mark.slow
