@@ -67,6 +67,7 @@ class Cell:
     draft: str  # DSpark | DFlash | EAGLE-3
     changes: dict = field(default_factory=dict)
     warm_from: str | None = None  # a cell whose run (same budget, seed) this one starts from
+    combine: bool = True  # may join its kind's combined cell
 
 
 def _variants(draft: str, prefix: str, changes: dict[str, dict]) -> list[Cell]:
@@ -91,6 +92,10 @@ GRID: tuple[Cell, ...] = (
         },
     ),
     Cell("dspark-warm", "DSpark", {}, warm_from="dflash"),
+    # The paper's layout: the anchor's own query drafts the first token, 5 tokens a block
+    # (the fill-in cells draft 4). Screened only: vLLM serves it only by its GPU dspark
+    # method, so no combined cell takes it.
+    Cell("dspark-anchor", "DSpark", {"draft.sample_from_anchor": True}, combine=False),
     *_variants(
         "DFlash",
         "dflash",
@@ -279,7 +284,7 @@ def combined(cells: list[Cell], first: dict[str, float], worth: set | None = Non
         best: dict[str, tuple[float, Cell]] = {}
         warm = None
         for c in cells:
-            if c.draft != draft or (worth is not None and c.name not in worth):
+            if c.draft != draft or not c.combine or (worth is not None and c.name not in worth):
                 continue
             if first.get(c.name, 0) <= first[base.name]:
                 continue

@@ -88,6 +88,12 @@ def test_combined_cell_warm_starts_when_the_warm_start_beat_the_base():
         {"draft.markov_rank": 256},
         "f",
     )
+    # A cell marked not to combine (another layout) stays out however well it did.
+    layout = Cell("d-anchor", "DSpark", {"draft.sample_from_anchor": True}, combine=False)
+    (same,) = combined(
+        [*cells, layout], {"d": 1.5, "d-R256": 1.6, "d-warm": 1.7, "f": 1.4, "d-anchor": 2.0}
+    )
+    assert same == cell
     # A warm start that did not beat the base stays out, and one change alone combines nothing.
     assert combined(cells, {"d": 1.5, "d-R256": 1.6, "d-warm": 1.4, "f": 1.4}) == []
 
