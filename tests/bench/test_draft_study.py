@@ -110,3 +110,13 @@ def test_a_dear_cell_goes_on_only_when_it_buys_its_compute():
     assert combined(cells, scores, {"d", "d-L2"}) == []  # A128 is out: L2 alone combines nothing
     scores["d-A128"] = 1.60  # 7% ahead: worth four times the seconds
     assert affordable(cells, scores, seconds) == {"d", "d-A128", "d-L2"}
+
+
+def test_frontier_keeps_only_runs_no_cheaper_run_beats():
+    from draft_study import frontier
+
+    runs = [
+        {"cell": c, "train_seconds": s, "heldout": {"draft": {"tau_macro": t}}}
+        for c, s, t in (("a", 100, 1.2), ("b", 200, 1.1), ("c", 300, 1.3), ("d", 50, 1.0))
+    ]
+    assert [r["cell"] for r in frontier(runs)] == ["d", "a", "c"]
