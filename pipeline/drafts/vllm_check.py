@@ -77,6 +77,12 @@ def export_method(draft_dir: str | Path) -> str:
     return served_method(config, str(draft_dir))
 
 
+def export_tokens(draft_dir: str | Path) -> int:
+    """The tokens a round drafts, as the export's config.json says."""
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    return config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+
+
 def decode(
     target_dir: str | Path,
     prompts: list[list[int]],
@@ -93,11 +99,14 @@ def decode(
     round_times: bool = False,
 ) -> DecodeRun:
     """One engine in a child process; greedy decoding of `prompts` (with the draft in
-    `draft_dir`, served as `method`, None: the method of its export's format), all
-    submitted together or, `single_stream`, one after another; `round_times` records
-    the wall time of every drafting round (the plugin's ROUND_TIMES_ENV)."""
+    `draft_dir`, served as `method` drafting `num_speculative_tokens`; None: its
+    export's), all submitted together or, `single_stream`, one after another;
+    `round_times` records the wall time of every drafting round (the plugin's
+    ROUND_TIMES_ENV)."""
     if draft_dir and method is None:
         method = export_method(draft_dir)
+    if draft_dir and num_speculative_tokens is None:
+        num_speculative_tokens = export_tokens(draft_dir)
     request = {
         "target_dir": str(target_dir),
         "prompts": prompts,
@@ -149,12 +158,8 @@ def speculative_check(
     **engine: object,
 ) -> SpecCheck:
     """Plain vs speculative greedy decoding of the same prompts (see module docstring)."""
-    config = json.loads((Path(draft_dir) / "config.json").read_text())
     method = method or export_method(draft_dir)
-    n = (
-        num_speculative_tokens
-        or config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    )
+    n = num_speculative_tokens or export_tokens(draft_dir)
     plain = decode(target_dir, prompts, max_tokens=max_tokens, **engine)
     spec = decode(
         target_dir,
