@@ -201,10 +201,14 @@ def test_the_vllm_check_serves_each_kind_with_its_method_and_environment(
     kind, tmp_path, monkeypatch
 ):
     """decode() without a method serves the export's (its format's kind's) method, in the
-    environment the registry gives that method."""
+    environment the registry gives that method, drafting the export's token count."""
     from pipeline.drafts import vllm_check
 
-    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": kind}))
+    config = {
+        "speculators_model_type": kind,
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
     seen = {}
 
     def fake_run(args, *, input, env, **kwargs):
@@ -216,5 +220,6 @@ def test_the_vllm_check_serves_each_kind_with_its_method_and_environment(
     with pytest.raises(KeyboardInterrupt):
         vllm_check.decode("target", [[1, 2]], max_tokens=4, draft_dir=tmp_path)
     assert seen["request"]["method"] == KINDS[kind].vllm_method
+    assert seen["request"]["num_speculative_tokens"] == 3  # the export's, when not told
     assert {k: seen["env"].get(k) for k in KINDS[kind].vllm_env} == dict(KINDS[kind].vllm_env)
     assert ("VLLM_USE_V2_MODEL_RUNNER" in seen["env"]) == bool(KINDS[kind].vllm_env)
