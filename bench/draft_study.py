@@ -502,7 +502,7 @@ def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) 
             f"{fmt(r['heldout'].get('draft'))} | {fmt(r['left_out'].get('draft'))} | "
             f"{fmt(r['heldout'].get('backbone'))} | {r['tau_t1_teacher_forced']:.3f} |"
         )
-    lines += ["", "Cut (successive halving, by held-out T=0 macro tau):", ""]
+    lines += ["", "Cut (successive halving: held-out T=0 macro tau, the compute rule):", ""]
     lines += [f"* after {b} steps: {', '.join(names) or 'none'}" for b, names in cut.items()]
     lines += [
         "",
