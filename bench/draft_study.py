@@ -11,8 +11,8 @@ trains; after each budget the best `--keep` cells of each kind by held-out T=0
 macro tau go on to the next budget, with one more per kind that combines every
 single change that beat the kind's base at the first budget (the cells cut are
 recorded). A cell that trained over COSTLY times its base's seconds goes on only
-if it beat the base by COSTLY_GAIN: the study compares recipes at equal compute. The last budget trains each survivor under every seed of
-`--final-seeds`. Each run lives in WORK/<cell>/steps<N>-seed<S>/ and its figures
+if it beat the base by COSTLY_GAIN: the study compares recipes at equal compute.
+The last budget trains each survivor under every seed of `--final-seeds`. Each run lives in WORK/<cell>/steps<N>-seed<S>/ and its figures
 in study.json there: a rerun reuses every finished run and resumes an
 interrupted one from its checkpoint.
 
@@ -26,9 +26,10 @@ draft's layer passes per drafting round (DSpark/DFlash: its layers once over the
 block; EAGLE-3: its layer once per drafted token), a proxy for the served
 cost, and with `--serve-cost` the served cost itself at the last budget: the
 median drafting round of each export served single-stream in CPU vLLM (the
-plugin's round timer), beside the plain target's time per token. Figures merge into bench/results.json as `study_*`, the section of
-bench/RESULTS.md is replaced, and bench/figures/study_tau_vs_compute.png plots
-tau against training seconds.
+plugin's round timer), beside the plain target's time per token (an export
+only vLLM's GPU method serves is skipped on a CPU host). Figures merge into
+bench/results.json as `study_*`, the section of bench/RESULTS.md is replaced,
+and bench/figures/study_tau_vs_compute.png plots tau against training seconds.
 """
 
 from __future__ import annotations
@@ -226,7 +227,10 @@ class Study:
         on the same prompts (left-out samples' prompts, which no draft trained on)."""
         import statistics
 
-        from pipeline.drafts.vllm_check import decode
+        import torch
+
+        from pipeline.drafts.registry import serving_kind
+        from pipeline.drafts.vllm_check import decode, export_method
         from pipeline.table.split import DatasetSplit
         from pipeline.targets.resolve import resolve_model
 
@@ -240,11 +244,14 @@ class Study:
         plain = decode(target, prompts, max_tokens=max_tokens, single_stream=True)
         token_ms = 1e3 * plain.seconds / max(1, sum(len(o) for o in plain.outputs))
         for r in todo:
+            export = Path(r["run_dir"]) / "export"
+            if serving_kind(export_method(export)).vllm_needs_gpu and not torch.cuda.is_available():
+                continue  # the anchor layout: only vLLM's GPU dspark method serves it
             run = decode(
                 target,
                 prompts,
                 max_tokens=max_tokens,
-                draft_dir=str(Path(r["run_dir"]) / "export"),
+                draft_dir=str(export),
                 single_stream=True,
                 round_times=True,
             )

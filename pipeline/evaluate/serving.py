@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.drafts.registry import served_method, serving_kind
+from pipeline.drafts.vllm_check import export_tokens
 from pipeline.evaluate.server import BASELINE, Engine, VllmServer
 from pipeline.evaluate.serving_measure import greedy_outputs, measure
 from pipeline.evaluate.speedups import add_speedups
@@ -81,10 +82,7 @@ def engines_for(config: ServingConfig, exports: dict[str, Path | None]) -> list[
         if needs_gpu and not torch.cuda.is_available():
             out.append({"name": name, "reason": needs_gpu})
             continue
-        n = (
-            entry["num_speculative_tokens"]
-            or exported["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-        )
+        n = entry["num_speculative_tokens"] or export_tokens(draft_dir)
         out.append(Engine(name, Path(draft_dir), method, n))
     return out
 
