@@ -45,7 +45,7 @@ class EvalDataConfig(ConfigModel):
     # every trained draft must have left out of training (its data.exclude_sources):
     # the out-of-source figures.
     split: Literal["heldout", "all"] = "heldout"
-    # Cap on held-out samples (in dataset order); None: all.
+    # Cap on evaluated samples, drawn evenly over the split by sample-id hash; None: all.
     max_samples: int | None = Field(None, gt=0)
     # The offline T=0 walk is exact acceptance only on the target's greedy output
     # stored losslessly (provenance generation.temperature 0, a lossless codec);

@@ -117,7 +117,7 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
     rows = (
         data.heldout_rows if config.data.split == "heldout" else data.heldout_rows + data.train_rows
     )
-    refs = rows[: config.data.max_samples] if config.data.max_samples else rows
+    refs = subsample(rows, config.data.max_samples)
     if not refs:
         what = (
             f"at heldout_fraction {frac}"
@@ -141,6 +141,22 @@ def _load_heldout(config: EvalConfig, specs: dict, target_dir: Path, uri, versio
         "t0_inexact": inexact,
     }
     return samples, info
+
+
+def subsample(rows: list, limit: int | None) -> list:
+    """At most `limit` of `rows`, drawn evenly over the whole split by a salted hash of each
+    sample id (not the first in dataset order, which is a few shards of a few sources),
+    kept in dataset order; the same rows on every run and machine."""
+    from pipeline.corpus.identity import unit_interval
+
+    if not limit or len(rows) <= limit:
+        return rows
+    keep = set(
+        sorted(range(len(rows)), key=lambda i: unit_interval(f"evaluate:{rows[i].sample_id}"))[
+            :limit
+        ]
+    )
+    return [r for i, r in enumerate(rows) if i in keep]
 
 
 def draft_samples(samples: list, data_info: dict, spec) -> list:
