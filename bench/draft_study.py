@@ -3,7 +3,7 @@ training compute on the real target, screened by successive halving.
 
     .venv/bin/python bench/draft_study.py --data DATASET --work WORK
         [--budgets 300 1200 4800] [--keep 3 1] [--seeds 0] [--final-seeds 0 1]
-        [--only CELL ...] [--max-samples N] [--serve-cost]
+        [--only CELL ...] [--max-samples N] [--serve-cost] [--live N]
 
 Every cell is a recipe: a draft of pipeline/demo/configs/train-real*.yaml (DSpark,
 DFlash, EAGLE-3) with a few keys changed (GRID). At the first budget every cell
@@ -27,7 +27,9 @@ block; EAGLE-3: its layer once per drafted token), a proxy for the served
 cost, and with `--serve-cost` the served cost itself at the last budget: the
 median drafting round of each export served single-stream in CPU vLLM (the
 plugin's round timer), beside the plain target's time per token (an export
-only vLLM's GPU method serves is skipped on a CPU host). Figures merge into
+only vLLM's GPU method serves is skipped on a CPU host), and with `--live N` the
+live loop at T=1 (rejection sampling against the target, the same draws for
+every draft) on N prompts of each set, drawn evenly over it. Figures merge into
 bench/results.json as `study_*`, the section of bench/RESULTS.md is replaced,
 and bench/figures/study_tau_vs_compute.png plots tau against training seconds.
 """
@@ -125,6 +127,7 @@ class Study:
     max_samples: int | None = None
     base: dict[str, tuple] = field(default_factory=dict)  # draft -> (yaml path, overrides)
     serve_cost: bool = False  # the last budget's runs served in vLLM for their round cost
+    live: int = 0  # prompts per set of the last budget's live loop at T=1 (0: none)
 
     def run_dir(self, cell: Cell, budget: int, seed: int) -> Path:
         return self.work / cell.name / f"steps{budget}-seed{seed}"
@@ -218,6 +221,34 @@ class Study:
                 r[where]["draft"] = rows[key]["offline_t0"]
             if f"{key}/backbone" in rows:
                 r[where]["backbone"] = rows[f"{key}/backbone"]["offline_t0"]
+            self.save(r)
+
+    def live_t1(self, records: list[dict], where: str) -> None:
+        """Fill `record[where]["live_t1"]` of every record that lacks it: the live loop at
+        T=1 (rejection sampling against the reference target) on `live` prompts of the
+        set, drawn evenly over it; the same prompts and random draws for every draft."""
+        from pipeline.evaluate.config import parse_eval_config
+        from pipeline.evaluate.run import run_evaluation
+
+        todo = [r for r in records if "live_t1" not in r[where]]
+        if not todo or not self.live:
+            return
+        keys = {f"{r['cell']}@{r['budget']}-{r['seed']}": r for r in todo}
+        if where == "heldout":
+            data = dict(uri=self.data, exclude_sources=list(self.left_out))
+        else:
+            data = dict(uri=self.data, sources=list(self.left_out), split="all")
+        config = dict(
+            target=self.target,
+            out_dir=str(self.work / "eval" / f"live-{where}-{len(todo)}-{next(iter(keys))}"),
+            data={**data, "max_samples": self.live},
+            drafts=[dict(name=k, path=r["run_dir"]) for k, r in keys.items()],
+            live=dict(temperatures=[1.0], num_prompts=self.live),
+            calibration=dict(enabled=False),
+        )
+        rows = run_evaluation(parse_eval_config(config, "bench/draft_study.py")).report["drafts"]
+        for key, r in keys.items():
+            r[where]["live_t1"] = rows[key]["live"]["1.0"]
             self.save(r)
 
     def served_cost(self, records: list[dict], num_prompts: int = 8, max_tokens: int = 64) -> None:
@@ -347,6 +378,8 @@ def halving(
         if last:
             if study.serve_cost:
                 study.served_cost(mine)
+            for where in ("heldout", "left_out") if study.left_out else ("heldout",):
+                study.live_t1(mine, where)
             break
         scores = {n: sum(macro(r) for r in rs) / len(rs) for n, rs in got.items()}
         seconds = {n: sum(r["train_seconds"] for r in rs) / len(rs) for n, rs in got.items()}
@@ -413,6 +446,9 @@ def compact(run: dict) -> dict:
     )
     out["changes"] = {k: v for k, v in run["changes"].items() if k != "init_from"}
     out["T0_heldout"], out["T0_left_out"] = tau("heldout"), tau("left_out")
+    if run["heldout"].get("live_t1"):
+        out["T1_live_heldout"] = tau("heldout", "live_t1")
+        out["T1_live_left_out"] = tau("left_out", "live_t1")
     if run["heldout"].get("backbone"):
         out["T0_heldout_backbone"] = tau("heldout", "backbone")
     return out
@@ -496,24 +532,26 @@ def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) 
         "bootstrap intervals; T=1 tf: teacher-forced expected acceptance on the trainer's held-out "
         "samples; passes: draft layer passes per drafting round; round ms: the median drafting "
         "round served single-stream in CPU vLLM (heads included), the target's own ms per token "
-        "beside it. Plot: "
+        "beside it; T=1 live: the live loop at T=1 (rejection sampling against the target) on "
+        "prompts of each set, held-out / left-out. Plot: "
         "[figures/study_tau_vs_compute.png](figures/study_tau_vs_compute.png).",
         "",
-        "| budget | cell | seed | train s | passes | round ms | T=0 held-out | T=0 left-out | DSpark backbone | T=1 tf |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| budget | cell | seed | train s | passes | round ms | T=0 held-out | T=0 left-out | DSpark backbone | T=1 tf | T=1 live |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: (r["budget"], r["draft"], -macro(r))):
         lines.append(
             f"| {r['budget']} | {r['cell']} | {r['seed']} | {r['train_seconds']:.0f} | {r['layer_passes_per_round']} | "
             f"{_round_ms(r)} | "
             f"{fmt(r['heldout'].get('draft'))} | {fmt(r['left_out'].get('draft'))} | "
-            f"{fmt(r['heldout'].get('backbone'))} | {r['tau_t1_teacher_forced']:.3f} |"
+            f"{fmt(r['heldout'].get('backbone'))} | {r['tau_t1_teacher_forced']:.3f} | "
+            f"{fmt(r['heldout'].get('live_t1'))} / {fmt(r['left_out'].get('live_t1'))} |"
         )
     lines += ["", "Cut (successive halving: held-out T=0 macro tau, the compute rule):", ""]
     lines += [f"* after {b} steps: {', '.join(names) or 'none'}" for b, names in cut.items()]
     lines += [
         "",
-        "Best cell of each kind at the last budget, paired ratios of macro tau (T=0):",
+        "Best cell of each kind at the last budget, paired ratios of macro tau (T=0, and T=1 live):",
         "",
     ]
     for key, value in ratios.items():
@@ -546,6 +584,12 @@ def main() -> None:
         help="measure the left-out source from this budget on (default: the second; one budget: it)",
     )
     parser.add_argument(
+        "--live",
+        type=int,
+        default=0,
+        help="prompts per set of the last budget's live loop at T=1 (0: none)",
+    )
+    parser.add_argument(
         "--serve-cost",
         action="store_true",
         help="serve the last budget's drafts in CPU vLLM for their drafting round's cost",
@@ -563,6 +607,7 @@ def main() -> None:
         left_out=REAL_LEFT_OUT,
         max_samples=args.max_samples,
         serve_cost=args.serve_cost,
+        live=args.live,
         # DSpark's base is the paper's loss whatever train-real.yaml now sets.
         base={
             n: (CONFIG_DIR / y, {**o, **PINNED.get(n, {})}) for n, (y, _, o) in REAL_DRAFTS.items()
@@ -576,14 +621,15 @@ def main() -> None:
     best = best_runs(runs, last)
     ratios = {}
     for num, den in (("DSpark", "DFlash"), ("DSpark", "EAGLE-3")):
-        if num in best and den in best:
+        if num not in best or den not in best:
+            continue
+        pair = f"study_{num.lower()}_over_{den.lower().replace('-', '')}"
+        for row, temp in (("draft", "T0"), ("live_t1", "T1")):
             for where, tag in (("heldout", ""), ("left_out", "_left_out")):
-                value = paired_ratio(best[num][where].get("draft"), best[den][where].get("draft"))
+                value = paired_ratio(best[num][where].get(row), best[den][where].get(row))
                 if value:
                     value["cells"] = f"{best[num]['cell']} / {best[den]['cell']}, {last} steps"
-                    ratios[f"study_{num.lower()}_over_{den.lower().replace('-', '')}_T0{tag}"] = (
-                        value
-                    )
+                    ratios[f"{pair}_{temp}{tag}"] = value
     FIGURES.mkdir(exist_ok=True)
     plot(runs, FIGURES / "study_tau_vs_compute.png")
     command = public_command(

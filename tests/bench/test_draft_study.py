@@ -36,6 +36,7 @@ GRID = (
 
 def test_halving_keeps_the_best_and_a_rerun_trains_nothing(toy_shards, tmp_path):
     study = _study(toy_shards, tmp_path)
+    study.live = 3  # the last budget's runs also decode 3 prompts live at T=1
     first = halving(study, GRID, [2, 4], [1], [0], [0], left_out_from=99)
     at_2 = [r for r in first["runs"] if r["budget"] == 2]
     at_4 = [r for r in first["runs"] if r["budget"] == 4]
@@ -47,6 +48,11 @@ def test_halving_keeps_the_best_and_a_rerun_trains_nothing(toy_shards, tmp_path)
     # The DSpark backbone row (what vLLM's CPU build serves) only at the last budget.
     assert not any("backbone" in r["heldout"] for r in at_2)
     assert {r["draft"] for r in at_4 if "backbone" in r["heldout"]} == {"DSpark"}
+    # The live loop at T=1 too, on the same 3 prompts for every draft (paired draws).
+    assert not any("live_t1" in r["heldout"] for r in at_2)
+    lives = [r["heldout"]["live_t1"] for r in at_4]
+    assert all(live["tau_macro"] >= 1.0 and live["num_samples"] == 3 for live in lives)
+    assert len({tuple(live["per_sample"]["ids"]) for live in lives}) == 1
     warm = next(r for r in at_2 if r["cell"] == "dspark-warm")
     dflash = next(r for r in at_2 if r["cell"] == "dflash")
     assert warm["changes"]["init_from"] == dflash["run_dir"]
