@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.drafts.registry import served_method, vllm_env
-from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV
+from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV, adaptive_requests, adaptive_schedule
 
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -118,6 +118,12 @@ def decode(
         "max_model_len": max_model_len,
         "gpu_memory_utilization": gpu_memory_utilization,
         "single_stream": single_stream,
+        # The plugin's adaptive drafting (ADAPTIVE_ENV) with vLLM's schedule for it.
+        "schedule": (
+            adaptive_schedule(adaptive_requests(), num_speculative_tokens)
+            if draft_dir and adaptive_requests() is not None
+            else None
+        ),
     }
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
     if draft_dir:
@@ -205,6 +211,8 @@ def _child(out_path: str) -> None:
             "method": req["method"],
             "num_speculative_tokens": req["num_speculative_tokens"],
         }
+        if req.get("schedule"):
+            kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = req["schedule"]
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"])
     before = _counters(llm)

@@ -19,7 +19,9 @@ Adaptive drafting (`ADAPTIVE_ENV`, the number of requests in flight at which
 verifying one more token costs as much as generating one): each round every
 request sends only the longest prefix of its block whose chance of being
 accepted whole is at least `requests in flight / that number`, so from that
-many requests on nothing is sent for verification. The chance is the
+many requests on nothing is sent for verification (and, through vLLM's own
+batch-size schedule, `adaptive_schedule`, nothing is drafted beyond the pass
+that keeps the draft's KV cache). The chance is the
 confidence head's (a DSpark draft that has one) or the running per-position
 acceptance rate of the rounds vLLM verified (any other draft). It needs vLLM's
 synchronous scheduling (the CPU build's), where a request's drafts may be
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -234,6 +237,18 @@ class AcceptanceRate:
 
     def rates(self) -> list[float]:
         return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
+
+
+def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[list[int]]:
+    """vLLM's own batch-size schedule (`num_speculative_tokens_per_batch_size`) for the
+    same rule: from `saturation` requests in flight on nothing would be sent, so there
+    vLLM asks the drafter for no tokens and it runs only the pass that keeps its KV cache
+    (EAGLE-3: no passes per drafted token; DFlash/DSpark: no block slots); below, every
+    token is drafted and the plugin trims each request's block."""
+    start = max(1, math.ceil(saturation))
+    if start == 1:
+        return [[1, 1, 0]]
+    return [[1, start - 1, num_speculative_tokens], [start, start, 0]]
 
 
 def prefix_lengths(chance: list[list[float]], requests: int, saturation: float) -> list[int]:

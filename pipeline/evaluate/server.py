@@ -80,12 +80,15 @@ def server_command(
             "method": engine.method,
             "num_speculative_tokens": engine.num_speculative_tokens,
         }
-        args += ["--speculative-config", json.dumps(spec)]
-        env.update(vllm_env(engine.method))
         if config.adaptive_requests is not None:  # the project's vLLM plugin reads it
-            from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV
+            from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV, adaptive_schedule
 
             env[ADAPTIVE_ENV] = str(config.adaptive_requests)
+            spec["num_speculative_tokens_per_batch_size"] = adaptive_schedule(
+                config.adaptive_requests, engine.num_speculative_tokens
+            )
+        args += ["--speculative-config", json.dumps(spec)]
+        env.update(vllm_env(engine.method))
     return args, env
 
 

@@ -101,3 +101,16 @@ def test_adaptive_drafting_is_set_by_one_number(monkeypatch):
         monkeypatch.setenv(ADAPTIVE_ENV, bad)
         with pytest.raises(ValueError, match=f"{ADAPTIVE_ENV}='{bad}': give the number"):
             adaptive_requests()
+
+
+def test_adaptive_schedule_is_the_rule_in_vllms_batch_size_lookup():
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    from pipeline.drafts.vllm_plugin import adaptive_schedule
+
+    # vLLM's scheduler reads K from this lookup by requests in the step: every token
+    # below the saturation point, none from it on (the drafter then runs no draft pass).
+    lookup = build_dynamic_sd_schedule_lookup(adaptive_schedule(7.5, 4), 32, 4)
+    assert lookup[1:8] == [4] * 7 and lookup[8:] == [0] * 25
+    assert build_dynamic_sd_schedule_lookup(adaptive_schedule(16, 4), 32, 4)[15:17] == [4, 0]
+    assert build_dynamic_sd_schedule_lookup(adaptive_schedule(1, 4), 8, 4)[1:] == [0] * 8

@@ -80,7 +80,14 @@ def test_each_kinds_serving_facts_decide_its_engine(cuda, monkeypatch):
     # adaptive drafting reaches the plugin in the server's environment, drafts only
     adaptive = ServingConfig(adaptive_requests=16)
     dflash = engines["dflash"]
-    assert server_command("t", dflash, adaptive, port=1, memory=None)[1][ADAPTIVE_ENV] == "16.0"
+    args, env = server_command("t", dflash, adaptive, port=1, memory=None)
+    assert env[ADAPTIVE_ENV] == "16.0"
+    # and vLLM's own schedule stops drafting from 16 requests in flight on
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == [
+        [1, 15, dflash.num_speculative_tokens],
+        [16, 16, 0],
+    ]
     assert (
         ADAPTIVE_ENV not in server_command("t", Engine(BASELINE), adaptive, port=1, memory=None)[1]
     )
