@@ -186,6 +186,14 @@ class Study:
         out = Path(record["run_dir"]).parent
         write_text_atomic(out / RESULT, json.dumps(record))
 
+    def data_of(self, where: str, max_samples: int | None) -> dict:
+        """The evaluation's data section for `where` ("heldout" or "left_out")."""
+        if where == "heldout":
+            return dict(uri=self.data, exclude_sources=list(self.left_out), max_samples=max_samples)
+        return dict(
+            uri=self.data, sources=list(self.left_out), split="all", max_samples=max_samples
+        )
+
     def evaluate(self, records: list[dict], where: str, *, backbone: bool = False) -> None:
         """Fill `record[where]` ("heldout" or "left_out": {row: offline_t0}) of every record
         that lacks it, all in one evaluation (the samples are read once); DSpark runs also
@@ -203,14 +211,10 @@ class Study:
             todo += [r] if wanted else []
         if not todo:
             return
-        if where == "heldout":
-            data = dict(uri=self.data, exclude_sources=list(self.left_out))
-        else:
-            data = dict(uri=self.data, sources=list(self.left_out), split="all")
         config = dict(
             target=self.target,
             out_dir=str(self.work / "eval" / f"{where}-{len(drafts)}-{drafts[0]['name']}"),
-            data={**data, "max_samples": self.max_samples},
+            data=self.data_of(where, self.max_samples),
             drafts=drafts,
             calibration=dict(enabled=False),
         )
@@ -234,14 +238,10 @@ class Study:
         if not todo or not self.live:
             return
         keys = {f"{r['cell']}@{r['budget']}-{r['seed']}": r for r in todo}
-        if where == "heldout":
-            data = dict(uri=self.data, exclude_sources=list(self.left_out))
-        else:
-            data = dict(uri=self.data, sources=list(self.left_out), split="all")
         config = dict(
             target=self.target,
             out_dir=str(self.work / "eval" / f"live-{where}-{len(todo)}-{next(iter(keys))}"),
-            data={**data, "max_samples": self.live},
+            data=self.data_of(where, self.live),
             drafts=[dict(name=k, path=r["run_dir"]) for k, r in keys.items()],
             live=dict(temperatures=[1.0], num_prompts=self.live),
             calibration=dict(enabled=False),
