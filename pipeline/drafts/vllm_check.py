@@ -21,8 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.drafts.adaptive import adaptive_requests, adaptive_schedule
 from pipeline.drafts.registry import served_method, vllm_env
-from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV, adaptive_requests, adaptive_schedule
+from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV
 
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",

@@ -15,14 +15,10 @@ never reads. This plugin, loaded by vLLM in every engine process through the
   slot and the token just drafted after it, exactly as the project's drafter
   (pipeline/drafts/dspark/drafter.py) drafts offline.
 
-Adaptive drafting (`ADAPTIVE_ENV`, the number of requests in flight at which
-verifying one more token costs as much as generating one): each round every
-request sends only the longest prefix of its block whose chance of being
-accepted whole is at least `requests in flight / that number`, so from that
-many requests on nothing is sent for verification (and, through vLLM's own
-batch-size schedule, `adaptive_schedule`, nothing is drafted beyond the pass
-that keeps the draft's KV cache). The chance is the
-confidence head's (a DSpark draft that has one) or the running per-position
+Adaptive drafting (pipeline/drafts/adaptive.py: the rule, its setting and
+vLLM's batch-size schedule for it): each round the model runner hands the
+scheduler only the prefix of each request's block the rule keeps, the chance
+being the confidence head's (a DSpark draft that has one) or the running
 acceptance rate of the rounds vLLM verified (any other draft). It needs vLLM's
 synchronous scheduling (the CPU build's), where a request's drafts may be
 shorter than `num_speculative_tokens`.
@@ -45,16 +41,16 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from pathlib import Path
+
+from pipeline.drafts.adaptive import AcceptanceRate, adaptive_requests, prefix_lengths
 
 log = logging.getLogger(__name__)
 
 # The vLLM versions whose DFlashProposer this plugin is written against.
 SUPPORTED_VLLM = ("0.32.0",)
 DRAFT_LOG_ENV = "DSPARK_TARGETS_DRAFT_LOG"
-ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
 ROUND_TIMES_ENV = "DSPARK_TARGETS_ROUND_TIMES"
 _PATCHED = "_dspark_targets_patched"  # on the patched class
 _HEADS = "_dspark_heads"  # a proposer's ServedHeads (None: a draft without heads)
@@ -196,76 +192,6 @@ def _log_drafts(proposer, ids) -> None:
                 )
                 + "\n"
             )
-
-
-def adaptive_requests() -> float | None:
-    """`ADAPTIVE_ENV` as a number (None: unset, adaptive drafting off)."""
-    raw = os.environ.get(ADAPTIVE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise ValueError(f"{ADAPTIVE_ENV}={raw!r}: give the number of requests in flight (> 0)")
-    return value
-
-
-class AcceptanceRate:
-    """Running conditional acceptance per drafted position (the chance position k is
-    accepted once the positions before it were), from the rounds vLLM verified. It
-    starts at one in two, and every drafting round its evidence fades toward that
-    prior by `decay`, so a position it stopped sending is tried again later."""
-
-    def __init__(self, k: int, decay: float = 0.98) -> None:
-        self.tried = [2.0] * k
-        self.hits = [1.0] * k
-        self.decay = decay
-
-    def update(self, sent: int, accepted: int) -> None:
-        """One verified round: `sent` tokens drafted, the first `accepted` of them kept."""
-        for pos in range(min(accepted + 1, sent, len(self.tried))):
-            self.tried[pos] += 1
-            self.hits[pos] += pos < accepted
-
-    def fade(self) -> None:
-        """One drafting round passed: old evidence weighs `decay` as much."""
-        d = self.decay
-        self.tried = [d * t + (1 - d) * 2.0 for t in self.tried]
-        self.hits = [d * h + (1 - d) * 1.0 for h in self.hits]
-
-    def rates(self) -> list[float]:
-        return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
-
-
-def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[list[int]]:
-    """vLLM's own batch-size schedule (`num_speculative_tokens_per_batch_size`) for the
-    same rule: from `saturation` requests in flight on nothing would be sent, so there
-    vLLM asks the drafter for no tokens and it runs only the pass that keeps its KV cache
-    (EAGLE-3: no passes per drafted token; DFlash/DSpark: no block slots); below, every
-    token is drafted and the plugin trims each request's block."""
-    start = max(1, math.ceil(saturation))
-    if start == 1:
-        return [[1, 1, 0]]
-    return [[1, start - 1, num_speculative_tokens], [start, start, 0]]
-
-
-def prefix_lengths(chance: list[list[float]], requests: int, saturation: float) -> list[int]:
-    """Per request, the drafted tokens to send: the longest prefix whose chance of being
-    accepted whole is at least `requests / saturation` (so none from `saturation`
-    requests in flight on, where a verified token costs a generated one's compute)."""
-    threshold = requests / saturation
-    out = []
-    for row in chance:
-        whole, n = 1.0, 0
-        for c in row:
-            whole *= c
-            if whole < threshold:
-                break
-            n += 1
-        out.append(n)
-    return out
 
 
 def _send_lengths(drafter, num_requests: int, saturation: float) -> list[int]:

@@ -81,7 +81,7 @@ def server_command(
             "num_speculative_tokens": engine.num_speculative_tokens,
         }
         if config.adaptive_requests is not None:  # the project's vLLM plugin reads it
-            from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV, adaptive_schedule
+            from pipeline.drafts.adaptive import ADAPTIVE_ENV, adaptive_schedule
 
             env[ADAPTIVE_ENV] = str(config.adaptive_requests)
             spec["num_speculative_tokens_per_batch_size"] = adaptive_schedule(

@@ -336,9 +336,10 @@ def test_adaptive_drafting_sends_fewer_tokens_and_changes_no_output(
     prefix some rounds, and at a saturation of 1 request vLLM's schedule asks for no
     tokens, so the heads never draft (the plugin's draft log stays empty) and nothing is
     sent; the output is plain decoding's either way (fp32). Drafts without a confidence
-    head trim by the acceptance rate (tests/drafts/test_vllm_plugin.py)."""
+    head trim by the acceptance rate (tests/drafts/test_adaptive.py)."""
+    from pipeline.drafts.adaptive import ADAPTIVE_ENV
     from pipeline.drafts.vllm_check import decode
-    from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV, DRAFT_LOG_ENV
+    from pipeline.drafts.vllm_plugin import DRAFT_LOG_ENV
 
     prompts, plain = plain_toy_decode
     for saturation in ("20", "1"):

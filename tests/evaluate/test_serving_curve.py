@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError
+from pipeline.drafts.adaptive import ADAPTIVE_ENV
 from pipeline.drafts.registry import KINDS
-from pipeline.drafts.vllm_plugin import ADAPTIVE_ENV
 from pipeline.evaluate.config import ServingConfig, parse_eval_config
 from pipeline.evaluate.server import BASELINE, Engine, server_command
 from pipeline.evaluate.serving import engines_for
