@@ -517,6 +517,12 @@ def _round_ms(run: dict) -> str:
     return f"{run['served_round_ms']:.1f} (target {run['target_token_ms']:.1f})"
 
 
+def _live(run: dict) -> str:
+    """A run's T=1 live macro tau, held-out / left-out ("-" where it was not run)."""
+    got = [run[w].get("live_t1") for w in ("heldout", "left_out")]
+    return " / ".join(f"{t['tau_macro']:.3f}" if t else "-" for t in got) if any(got) else "-"
+
+
 def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) -> str:
     def fmt(t) -> str:
         if not t:
@@ -545,7 +551,7 @@ def markdown(runs: list[dict], cut: dict, ratios: dict, command: str, left_out) 
             f"{_round_ms(r)} | "
             f"{fmt(r['heldout'].get('draft'))} | {fmt(r['left_out'].get('draft'))} | "
             f"{fmt(r['heldout'].get('backbone'))} | {r['tau_t1_teacher_forced']:.3f} | "
-            f"{fmt(r['heldout'].get('live_t1'))} / {fmt(r['left_out'].get('live_t1'))} |"
+            f"{_live(r)} |"
         )
     lines += ["", "Cut (successive halving: held-out T=0 macro tau, the compute rule):", ""]
     lines += [f"* after {b} steps: {', '.join(names) or 'none'}" for b, names in cut.items()]
