@@ -12,9 +12,10 @@ macro tau go on to the next budget, with one more per kind that combines every
 single change that beat the kind's base at the first budget (the cells cut are
 recorded). A cell that trained over COSTLY times its base's seconds goes on only
 if it beat the base by COSTLY_GAIN: the study compares recipes at equal compute.
-The last budget trains each survivor under every seed of `--final-seeds`. Each run lives in WORK/<cell>/steps<N>-seed<S>/ and its figures
-in study.json there: a rerun reuses every finished run and resumes an
-interrupted one from its checkpoint.
+The last budget trains each survivor under every seed of `--final-seeds`. Each
+run lives in WORK/<cell>/steps<N>-seed<S>/ and its figures in study.json there:
+a rerun reuses every finished run and resumes an interrupted one from its
+checkpoint.
 
 Per run: the exact offline T=0 walk on the held-out split of the training
 mixture and on every sample of the source left out of training (REAL_LEFT_OUT),

@@ -108,6 +108,7 @@ def decode(
         method = export_method(draft_dir)
     if draft_dir and num_speculative_tokens is None:
         num_speculative_tokens = export_tokens(draft_dir)
+    saturation = adaptive_requests() if draft_dir else None
     request = {
         "target_dir": str(target_dir),
         "prompts": prompts,
@@ -121,9 +122,7 @@ def decode(
         "single_stream": single_stream,
         # The plugin's adaptive drafting (ADAPTIVE_ENV) with vLLM's schedule for it.
         "schedule": (
-            adaptive_schedule(adaptive_requests(), num_speculative_tokens)
-            if draft_dir and adaptive_requests() is not None
-            else None
+            None if saturation is None else adaptive_schedule(saturation, num_speculative_tokens)
         ),
     }
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
