@@ -2,7 +2,8 @@
 
 Spool format (one file per engine step, written atomically: temp + rename):
 a safetensors file with tensors `rows` (num_rows, num_aux, H) in the model
-dtype and `spans` (int64, (2, num_requests): each request's start and
+dtype, or `planes` (num_aux, num_rows, H: the same rows stream-major, as the
+capture worker writes them straight from the model's per-layer tensors), and `spans` (int64, (2, num_requests): each request's start and
 length), and string metadata `format`, `step`, `keys` (the requests' keys
 joined by newlines): rows `offset .. offset+length` are positions `start ..`
 of request `key`, offsets accumulate in list order. The writer frames the
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-SPOOL_FORMAT = "dspark-capture-chunk/2"
+SPOOL_FORMAT = "dspark-capture-chunk/3"
 SPOOL_SUFFIX = ".safetensors"
 SPOOL_SLOTS = 16  # free files kept per writer for reuse
 SPOOL_RECYCLE_BYTES = 16 << 20  # larger files (long prefills) are removed, not kept
@@ -50,36 +51,70 @@ class CaptureChunk:
 
 def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
     """One safetensors file per step; readers never see a partial file (temp + rename)."""
+    rows = chunk.rows.contiguous()
+    spans = (chunk.step, chunk.keys, chunk.starts, chunk.lengths)
+    _write_file(directory, writer_id, spans, "rows", list(rows.shape), rows.dtype, [rows])
+
+
+def write_spool_planes(
+    directory: str,
+    writer_id: str,
+    step: int,
+    keys: list[str],
+    starts: list[int],
+    lengths: list[int],
+    planes: list[torch.Tensor],
+) -> None:
+    """`write_spool` for rows given as one (num_rows, H) tensor per stream: the file holds
+    them stream-major (`planes`, (num_aux, num_rows, H)), written straight from the
+    engine's tensors, so the model worker copies nothing before the write; the reader
+    sees the same (num_rows, num_aux, H) rows (a transposed view)."""
+    planes = [p.contiguous() for p in planes]
+    shape = [len(planes), *planes[0].shape]
+    spans = (step, keys, starts, lengths)
+    _write_file(directory, writer_id, spans, "planes", shape, planes[0].dtype, planes)
+
+
+def _write_file(
+    directory: str,
+    writer_id: str,
+    spans: tuple[int, list[str], list[int], list[int]],
+    name: str,
+    shape: list[int],
+    dtype: torch.dtype,
+    tensors: list[torch.Tensor],
+) -> None:
     import numpy as np
     import torch
 
-    name = f"{chunk.step:012d}-{writer_id}{SPOOL_SUFFIX}"
-    tmp = os.path.join(directory, f".{name}.tmp")
-    rows = chunk.rows.contiguous()
-    dtype = _SPOOL_DTYPES.get(str(rows.dtype).removeprefix("torch."))
-    if dtype is None:
-        raise ValueError(f"spool rows must be one of {sorted(_SPOOL_DTYPES)}, got {rows.dtype}")
-    spans = np.array([chunk.starts, chunk.lengths], dtype=np.int64).reshape(2, -1)
-    rows_bytes = rows.view(torch.uint8).numpy().reshape(-1)
+    step, keys, starts, lengths = spans
+    file_name = f"{step:012d}-{writer_id}{SPOOL_SUFFIX}"
+    tmp = os.path.join(directory, f".{file_name}.tmp")
+    code = _SPOOL_DTYPES.get(str(dtype).removeprefix("torch."))
+    if code is None:
+        raise ValueError(f"spool rows must be one of {sorted(_SPOOL_DTYPES)}, got {dtype}")
+    spans = np.array([starts, lengths], dtype=np.int64).reshape(2, -1)
+    data = [t.view(torch.uint8).numpy().reshape(-1) for t in tensors]
+    nbytes = sum(d.size for d in data)
     header = {
         "__metadata__": {
             "format": SPOOL_FORMAT,
-            "step": str(chunk.step),
-            "keys": "\n".join(chunk.keys),
+            "step": str(step),
+            "keys": "\n".join(keys),
         },
-        "rows": {"dtype": dtype, "shape": list(rows.shape), "data_offsets": [0, rows_bytes.size]},
+        name: {"dtype": code, "shape": shape, "data_offsets": [0, nbytes]},
         "spans": {
             "dtype": "I64",
             "shape": list(spans.shape),
-            "data_offsets": [rows_bytes.size, rows_bytes.size + spans.nbytes],
+            "data_offsets": [nbytes, nbytes + spans.nbytes],
         },
     }
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # safetensors aligns the data to 8 bytes
-    parts = [len(head).to_bytes(8, "little"), head, rows_bytes, spans.reshape(-1).view(np.uint8)]
+    parts = [len(head).to_bytes(8, "little"), head, *data, spans.reshape(-1).view(np.uint8)]
     size = sum(len(p) for p in parts)
     try:  # a free file of this writer: its pages are already there
-        os.rename(os.path.join(directory, _free_name(writer_id, chunk.step)), tmp)
+        os.rename(os.path.join(directory, _free_name(writer_id, step)), tmp)
         fd = os.open(tmp, os.O_WRONLY)
     except FileNotFoundError:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -93,7 +128,7 @@ def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
         os.ftruncate(fd, size)
     finally:
         os.close(fd)
-    os.replace(tmp, os.path.join(directory, name))
+    os.replace(tmp, os.path.join(directory, file_name))
 
 
 def _free_name(writer_id: str, step: int) -> str:
@@ -137,7 +172,8 @@ def _read_chunk(path: str) -> tuple[CaptureChunk, int]:
         raise ValueError(f"{path}: not a capture chunk (format {meta.get('format')!r})")
     base = 8 + head_len
     try:
-        rows_at, spans_at = header["rows"], header["spans"]
+        name = "planes" if "planes" in header else "rows"
+        rows_at, spans_at = header[name], header["spans"]
         dtype = getattr(torch, _SPOOL_TORCH_DTYPES[rows_at["dtype"]])
     except KeyError as err:
         raise ValueError(f"{path}: capture chunk without {err} in its header") from None
@@ -146,6 +182,8 @@ def _read_chunk(path: str) -> tuple[CaptureChunk, int]:
         data, dtype=dtype, offset=base + begin, count=(end - begin) // dtype.itemsize
     )
     rows = rows.view(rows_at["shape"])
+    if name == "planes":  # stream-major on disk: the same rows, as a view
+        rows = rows.transpose(0, 1)
     begin, end = spans_at["data_offsets"]
     spans = np.frombuffer(data, dtype=np.int64, offset=base + begin, count=(end - begin) // 8)
     starts, lengths = spans.reshape(spans_at["shape"]).tolist()

@@ -14,10 +14,12 @@ with `open_spool` and the picklable `CaptureContract`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pipeline.logs import kv
 from pipeline.targets.base import CapturedStates
 from pipeline.targets.capture import (
     CaptureAssembler,
@@ -32,6 +34,8 @@ from pipeline.targets.capture import (
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -173,10 +177,46 @@ class SpoolRows:
         """Bytes of rows read from the spool and held for requests not taken yet."""
         return self._assembler.nbytes
 
-    def drain(self) -> None:
+    def drain(self) -> int:
+        """Read every complete chunk file now; how many there were."""
         chunks = self._reader.take_chunks()
         self.layout.norm_final(chunks)
         self._assembler.add(chunks)
+        return len(chunks)
+
+    def follow(self, idle_s: float = 0.002) -> None:
+        """Read the spool as the engine writes it, on a thread of its own, until `close`.
+
+        The engine reuses a file only once it was read (capture_chunks.py); a
+        reader that drains only when it builds a sample falls behind whenever
+        it encodes or writes a shard, and the engine then makes a new file
+        (fresh tmpfs pages) every step, on the model worker's critical path.
+        Reading here moves that cost to this process. A chunk that cannot be
+        read stops the thread (logged); `take` then meets the same error.
+        """
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._follow, args=(idle_s,), name="spool-reader", daemon=True
+        )
+        self._thread.start()
+
+    def _follow(self, idle_s: float) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    read = self.drain()
+            except Exception as err:  # the owner's next take() raises it where it matters
+                log.error("stopped reading the capture spool %s", kv(error=repr(err)))
+                return
+            if not read:
+                self._stop.wait(idle_s)
+
+    def close(self) -> None:
+        """Stop `follow`'s thread (a no-op where it was not started)."""
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout=10)
 
     def take(self, request_id: str, fed: int | None = None) -> list[tuple[int, Any]]:
         """A finished request's pieces (drains first); [] when nothing was captured.
@@ -203,14 +243,19 @@ class SpoolRows:
 _SPOOLS: dict[str, SpoolRows] = {}
 
 
-def open_spool(contract: CaptureContract) -> SpoolRows:
-    """Read `contract`'s spool in this process from now on (the write-back's, once)."""
+def open_spool(contract: CaptureContract, *, follow: bool = False) -> SpoolRows:
+    """Read `contract`'s spool in this process from now on (the write-back's, once);
+    `follow`: as the engine writes it (`SpoolRows.follow`), not only as samples are built."""
     reader = _SPOOLS[contract.sink.capture_dir] = SpoolRows(contract)
+    if follow:
+        reader.follow()
     return reader
 
 
 def close_spool(contract: CaptureContract) -> None:
-    _SPOOLS.pop(contract.sink.capture_dir, None)
+    reader = _SPOOLS.pop(contract.sink.capture_dir, None)
+    if reader is not None:
+        reader.close()
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from pipeline.targets.capture import (
     CaptureChunk,
     put_inprocess,
 )
-from pipeline.targets.capture_chunks import write_spool
+from pipeline.targets.capture_chunks import write_spool_planes
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
@@ -104,30 +104,36 @@ class _StepSink:
             return
         offsets = runner.query_start_loc.cpu[: num_reqs + 1].tolist()
         computed = batch.num_computed_tokens_cpu[:num_reqs].tolist()
-        keys, starts, lengths, index = [], [], [], []
-        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
-            key = self._key(runner, req_id)
-            length = offsets[i + 1] - offsets[i]
-            if key is None or length <= 0:
-                continue
-            keys.append(key)
-            starts.append(int(computed[i]))
-            lengths.append(length)
-            index.append((offsets[i], offsets[i + 1]))
-        if not keys:
-            return
-        if len(keys) == num_reqs:  # every request captures: its rows are one block
+        known = self._keys
+        keys = [known[r] if r in known else self._key(runner, r) for r in batch.req_ids[:num_reqs]]
+        lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        if None not in keys and min(lengths) > 0:  # every request captures: one block of rows
             end = offsets[num_reqs]
-            rows = torch.stack([h[:end] for h in aux_hidden_states], dim=1)
+            planes = [h[:end] for h in aux_hidden_states]
+            starts = computed
         else:
+            picked = [i for i in range(num_reqs) if keys[i] is not None and lengths[i] > 0]
+            if not picked:
+                return
             device = aux_hidden_states[0].device
-            idx = torch.cat([torch.arange(a, b, device=device) for a, b in index])
-            rows = torch.stack([h.index_select(0, idx) for h in aux_hidden_states], dim=1)
-        chunk = CaptureChunk(next(self.steps), keys, starts, lengths, rows.to("cpu"))
+            idx = torch.cat(
+                [torch.arange(offsets[i], offsets[i + 1], device=device) for i in picked]
+            )
+            planes = [h.index_select(0, idx) for h in aux_hidden_states]
+            keys = [keys[i] for i in picked]
+            starts = [computed[i] for i in picked]
+            lengths = [lengths[i] for i in picked]
+        step = next(self.steps)
+        if planes[0].device.type != "cpu":  # one device-to-host copy, not one per stream
+            planes = list(torch.stack(planes).to("cpu").unbind(0))
         if self.transport == "spool":
-            write_spool(self.capture_dir, self.writer_id, chunk)
+            # Stream-major, straight from the model's tensors: no copy on the worker.
+            write_spool_planes(
+                self.capture_dir, self.writer_id, step, keys, starts, lengths, planes
+            )
         else:
-            put_inprocess(self.channel, chunk)
+            rows = torch.stack(planes, dim=1)
+            put_inprocess(self.channel, CaptureChunk(step, keys, starts, lengths, rows))
 
     def _key(self, runner, req_id: str) -> str | None:
         """A request's capture key (looked up once per request, not once per step)."""

@@ -9,7 +9,7 @@ import torch
 
 from pipeline.targets import capture, capture_chunks
 from pipeline.targets.capture import CaptureChunk, CaptureReader, assemble
-from pipeline.targets.capture_chunks import read_spool, write_spool
+from pipeline.targets.capture_chunks import read_spool, write_spool, write_spool_planes
 
 
 def _chunk(
@@ -47,6 +47,26 @@ def test_spool_round_trip_is_safetensors_and_drains(tmp_path):
     rows = assemble(chunks)
     assert rows["a"][:, 0, 0].tolist() == [0, 1, 2, 3, 4]
     assert rows["b"].shape == (2, 2, 4)
+
+
+def test_spool_planes_read_back_as_the_rows_they_are():
+    """The worker writes one tensor per stream (no stacking copy); the reader sees the
+    same (rows, streams, H) rows as `write_spool` of the stacked tensor gives, and the
+    final norm's in-place write reaches them."""
+    import tempfile
+
+    chunk = _chunk(0, [("a", 0, 3), ("b", 0, 2)])
+    chunk.rows[:, 1] += 0.5  # the two streams differ
+    planes = [chunk.rows[:, i].clone() for i in range(2)]
+    with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
+        write_spool(d1, "w1", chunk)
+        write_spool_planes(d2, "w1", 0, chunk.keys, chunk.starts, chunk.lengths, planes)
+        (stacked,), (split,) = read_spool(d1), read_spool(d2)
+    assert split.rows.shape == stacked.rows.shape == (5, 2, 4)
+    assert torch.equal(split.rows, stacked.rows)
+    assert (split.keys, split.starts, split.lengths) == (["a", "b"], [0, 0], [3, 2])
+    split.rows[:, 1].mul_(2)  # as norm_final does, in place on the last stream
+    assert torch.equal(assemble([split])["a"][:, 1], chunk.rows[:3, 1] * 2)
 
 
 def test_spool_written_with_one_pwrite_where_the_os_lacks_pwritev(tmp_path, monkeypatch):
@@ -206,3 +226,27 @@ def test_one_rows_handle_whether_the_rows_are_in_memory_or_in_the_spool(tmp_path
             SpooledRows("b", 3, str(tmp_path), 0).states()
     finally:
         close_spool(contract)
+
+
+def test_a_followed_spool_is_read_as_the_engine_writes_it(tmp_path):
+    """`open_spool(follow=True)`: files are read (and become free slots for the engine)
+    without any sample being built; samples still build; closing stops the reader."""
+    import time
+
+    from pipeline.targets.capture import SinkSpec
+    from pipeline.targets.capture_rows import CaptureContract, SpooledRows, close_spool, open_spool
+
+    contract = CaptureContract(SinkSpec("spool", str(tmp_path)), _layout())
+    spool = open_spool(contract, follow=True)
+    try:
+        write_spool(str(tmp_path), "w1", _chunk(0, [("a", 0, 3), ("b", 0, 2)]))
+        deadline = time.monotonic() + 5
+        while not (tmp_path / ".free-w1-0").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(os.listdir(tmp_path)) == [".free-w1-0"]  # read, nothing built yet
+        assert spool.nbytes == 5 * 2 * 4 * 2
+        states = SpooledRows("a", 4, str(tmp_path), 0).states()
+        assert states.hidden_states.shape == (4, 4)
+    finally:
+        close_spool(contract)
+    assert not spool._thread.is_alive()

@@ -122,7 +122,7 @@ class _Child:
 
         self.contract = contract
         if contract is not None:
-            open_spool(contract)  # the samples' SpooledRows read it from here
+            open_spool(contract, follow=True)  # the samples' SpooledRows read it from here
         cpus = _num_cpus()
         # More encode threads than CPUs to run them on only contend; on one
         # CPU this thread does the work itself.
