@@ -6,15 +6,16 @@ Each round every request sends only the longest prefix of its block whose
 chance of being accepted whole is at least `requests in flight / that number`
 (`prefix_lengths`), so from that many requests on nothing is sent. The chance
 is the DSpark confidence head's, or the running per-position acceptance rate
-(`AcceptanceRate`) of the rounds vLLM verified. Where nothing would be sent,
-vLLM's own batch-size schedule (`adaptive_schedule`) asks the drafter for no
-tokens at all, so it runs only the pass that keeps its KV cache. The project's
-vLLM plugin (vllm_plugin.py) applies the per-request rule inside the engine.
+(`AcceptanceRate`) of the rounds vLLM verified. vLLM's own batch-size
+schedule (`adaptive_schedule`) caps what the drafter makes by the same rule at
+the prior chance, so a busy engine drafts fewer tokens and, where nothing
+would be sent, none (the drafter then runs only the pass that keeps its KV
+cache). The project's vLLM plugin (vllm_plugin.py) applies the per-request
+rule inside the engine.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
@@ -61,16 +62,42 @@ class AcceptanceRate:
         return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
 
 
+# The chance a drafted token is accepted before any round was verified: the
+# `AcceptanceRate` prior, and the rate vLLM's schedule is drawn for.
+PRIOR_CHANCE = 0.5
+
+
+def drafted_tokens(requests: int, saturation: float, k: int, chance: float = PRIOR_CHANCE) -> int:
+    """Tokens worth drafting per request at `requests` in flight when each is accepted with
+    `chance`: the rule's prefix (`prefix_lengths`) for that chance, at most `k`."""
+    threshold = requests / saturation
+    n, whole = 0, 1.0
+    while n < k and whole * chance >= threshold:
+        whole *= chance
+        n += 1
+    return n
+
+
 def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[list[int]]:
     """vLLM's own batch-size schedule (`num_speculative_tokens_per_batch_size`) for the
-    same rule: from `saturation` requests in flight on nothing would be sent, so there
-    vLLM asks the drafter for no tokens and it runs only the pass that keeps its KV cache
-    (EAGLE-3: no passes per drafted token; DFlash/DSpark: no block slots); below, every
-    token is drafted and the plugin trims each request's block."""
-    start = max(1, math.ceil(saturation))
-    if start == 1:
-        return [[1, 1, 0]]
-    return [[1, start - 1, num_speculative_tokens], [start, start, 0]]
+    same rule at the prior chance: at each number of requests in flight vLLM asks the
+    drafter only for the tokens a request would send at that chance (fewer as the load
+    grows: EAGLE-3 runs fewer passes, DFlash/DSpark fill fewer block slots), none from
+    where even one would not be sent (the drafter then runs only the pass that keeps its
+    KV cache); the plugin trims each request's block further by its own chance. Ranges
+    of equal K, the last carried on by vLLM to its largest batch."""
+    k = num_speculative_tokens
+    out: list[list[int]] = []
+    requests = 1
+    while True:
+        n = drafted_tokens(requests, saturation, k)
+        if out and out[-1][2] == n:
+            out[-1][1] = requests
+        else:
+            out.append([requests, requests, n])
+        if n == 0:
+            return out
+        requests += 1
 
 
 def prefix_lengths(chance: list[list[float]], requests: int, saturation: float) -> list[int]:

@@ -196,8 +196,9 @@ def _log_drafts(proposer, ids) -> None:
 
 def _send_lengths(drafter, num_requests: int, saturation: float) -> list[int]:
     """The prefix each request of the latest round sends (its confidence or the rates)."""
-    k = drafter.num_speculative_tokens
-    rate = drafter.__dict__.setdefault("_dspark_rate", AcceptanceRate(k))
+    k = drafter.num_speculative_tokens  # this round's (vLLM's schedule may draft fewer)
+    most = drafter.speculative_config.num_speculative_tokens
+    rate = drafter.__dict__.setdefault("_dspark_rate", AcceptanceRate(most))
     rate.fade()
     confidence = getattr(drafter, "_dspark_confidence", None)
     if confidence is not None and confidence.shape[0] >= num_requests:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.drafts.adaptive import ADAPTIVE_ENV
+from pipeline.drafts.adaptive import ADAPTIVE_ENV, adaptive_schedule
 from pipeline.drafts.registry import KINDS
 from pipeline.evaluate.config import ServingConfig, parse_eval_config
 from pipeline.evaluate.server import BASELINE, Engine, server_command
@@ -82,12 +82,12 @@ def test_each_kinds_serving_facts_decide_its_engine(cuda, monkeypatch):
     dflash = engines["dflash"]
     args, env = server_command("t", dflash, adaptive, port=1, memory=None)
     assert env[ADAPTIVE_ENV] == "16.0"
-    # and vLLM's own schedule stops drafting from 16 requests in flight on
+    # and vLLM's own schedule drafts fewer tokens as requests grow, none well before 16
     spec = json.loads(args[args.index("--speculative-config") + 1])
-    assert spec["num_speculative_tokens_per_batch_size"] == [
-        [1, 15, dflash.num_speculative_tokens],
-        [16, 16, 0],
-    ]
+    schedule = spec["num_speculative_tokens_per_batch_size"]
+    assert schedule == adaptive_schedule(16, dflash.num_speculative_tokens)
+    k = dflash.num_speculative_tokens  # one request: 1/16 = 0.5^4, four tokens at most
+    assert schedule[0][::2] == [1, min(k, 4)] and schedule[-1][2] == 0 and schedule[-1][0] < 16
     assert (
         ADAPTIVE_ENV not in server_command("t", Engine(BASELINE), adaptive, port=1, memory=None)[1]
     )
