@@ -19,6 +19,9 @@ from __future__ import annotations
 import os
 
 ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
+# The chance a drafted token is accepted before any round was verified: the
+# `AcceptanceRate` prior, and the chance vLLM's schedule is drawn for.
+PRIOR_CHANCE = 0.5
 
 
 def adaptive_requests() -> float | None:
@@ -38,12 +41,12 @@ def adaptive_requests() -> float | None:
 class AcceptanceRate:
     """Running conditional acceptance per drafted position (the chance position k is
     accepted once the positions before it were), from the rounds vLLM verified. It
-    starts at one in two, and every drafting round its evidence fades toward that
+    starts at `PRIOR_CHANCE`, and every drafting round its evidence fades toward that
     prior by `decay`, so a position it stopped sending is tried again later."""
 
     def __init__(self, k: int, decay: float = 0.98) -> None:
         self.tried = [2.0] * k
-        self.hits = [1.0] * k
+        self.hits = [2.0 * PRIOR_CHANCE] * k
         self.decay = decay
 
     def update(self, sent: int, accepted: int) -> None:
@@ -56,15 +59,10 @@ class AcceptanceRate:
         """One drafting round passed: old evidence weighs `decay` as much."""
         d = self.decay
         self.tried = [d * t + (1 - d) * 2.0 for t in self.tried]
-        self.hits = [d * h + (1 - d) * 1.0 for h in self.hits]
+        self.hits = [d * h + (1 - d) * 2.0 * PRIOR_CHANCE for h in self.hits]
 
     def rates(self) -> list[float]:
         return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
-
-
-# The chance a drafted token is accepted before any round was verified: the
-# `AcceptanceRate` prior, and the rate vLLM's schedule is drawn for.
-PRIOR_CHANCE = 0.5
 
 
 def drafted_tokens(requests: int, saturation: float, k: int, chance: float = PRIOR_CHANCE) -> int:

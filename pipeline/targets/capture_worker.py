@@ -15,9 +15,11 @@ engine never imports it. The `aux_outputs` capture method (docs/capture.md):
   and decodes exactly as a plain engine, with no speculative method and no
   extra position per request per step;
 * the rows of every request that opted in (`SamplingParams.extra_args =
-  capture.capture_params(key)`) are gathered on the device, copied to CPU as
-  one `CaptureChunk` per step and handed to the sink (spool files or the
-  in-process registry), before the step's outputs leave the worker. Batch
+  capture.capture_params(key)`) are gathered on the device (no copy where
+  every request captures), copied to CPU and handed to the sink as one chunk
+  per step (a spool file holding one block per stream, written straight from
+  the model's tensors, or a `CaptureChunk` in the in-process registry),
+  before the step's outputs leave the worker. Batch
   order comes from the runner's input batch (request ids, query start
   offsets, tokens computed before this step), so a chunk names positions
   per request exactly as the connector method's chunks do.
