@@ -3,9 +3,10 @@
 Spool format (one file per engine step, written atomically: temp + rename):
 a safetensors file with tensors `rows` (num_rows, num_aux, H) in the model
 dtype, or `planes` (num_aux, num_rows, H: the same rows stream-major, as the
-capture worker writes them straight from the model's per-layer tensors), and `spans` (int64, (2, num_requests): each request's start and
-length), and string metadata `format`, `step`, `keys` (the requests' keys
-joined by newlines): rows `offset .. offset+length` are positions `start ..`
+capture worker writes them straight from the model's per-layer tensors), and
+`spans` (int64, (2, num_requests): each request's start and length), and
+string metadata `format`, `step`, `keys` (the requests' keys joined by
+newlines): rows `offset .. offset+length` are positions `start ..`
 of request `key`, offsets accumulate in list order. The writer frames the
 file itself (one vectored write of header and tensors, no serialised copy),
 and files are recycled: the reader renames a file it has read to a free slot
@@ -52,8 +53,8 @@ class CaptureChunk:
 def write_spool(directory: str, writer_id: str, chunk: CaptureChunk) -> None:
     """One safetensors file per step; readers never see a partial file (temp + rename)."""
     rows = chunk.rows.contiguous()
-    spans = (chunk.step, chunk.keys, chunk.starts, chunk.lengths)
-    _write_file(directory, writer_id, spans, "rows", list(rows.shape), rows.dtype, [rows])
+    index = (chunk.step, chunk.keys, chunk.starts, chunk.lengths)
+    _write_file(directory, writer_id, index, "rows", list(rows.shape), rows.dtype, [rows])
 
 
 def write_spool_planes(
@@ -71,14 +72,14 @@ def write_spool_planes(
     sees the same (num_rows, num_aux, H) rows (a transposed view)."""
     planes = [p.contiguous() for p in planes]
     shape = [len(planes), *planes[0].shape]
-    spans = (step, keys, starts, lengths)
-    _write_file(directory, writer_id, spans, "planes", shape, planes[0].dtype, planes)
+    index = (step, keys, starts, lengths)
+    _write_file(directory, writer_id, index, "planes", shape, planes[0].dtype, planes)
 
 
 def _write_file(
     directory: str,
     writer_id: str,
-    spans: tuple[int, list[str], list[int], list[int]],
+    index: tuple[int, list[str], list[int], list[int]],
     name: str,
     shape: list[int],
     dtype: torch.dtype,
@@ -87,7 +88,7 @@ def _write_file(
     import numpy as np
     import torch
 
-    step, keys, starts, lengths = spans
+    step, keys, starts, lengths = index  # the step, and each request's key and span
     file_name = f"{step:012d}-{writer_id}{SPOOL_SUFFIX}"
     tmp = os.path.join(directory, f".{file_name}.tmp")
     code = _SPOOL_DTYPES.get(str(dtype).removeprefix("torch."))
