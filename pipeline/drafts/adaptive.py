@@ -22,6 +22,10 @@ ADAPTIVE_ENV = "DSPARK_TARGETS_ADAPTIVE_REQUESTS"
 # The chance a drafted token is accepted before any round was verified: the
 # `AcceptanceRate` prior, and the chance vLLM's schedule is drawn for.
 PRIOR_CHANCE = 0.5
+# What drafting a token costs beside verifying it, in verifications: the plugin
+# weighs only verification (the drafting is paid when it chooses), vLLM's schedule
+# both (it chooses before drafting).
+DRAFTING_COST = 1.0
 
 
 def adaptive_requests() -> float | None:
@@ -65,7 +69,7 @@ class AcceptanceRate:
         return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
 
 
-def drafted_tokens(requests: int, saturation: float, k: int, chance: float = PRIOR_CHANCE) -> int:
+def drafted_tokens(requests: float, saturation: float, k: int, chance: float = PRIOR_CHANCE) -> int:
     """Tokens worth drafting per request at `requests` in flight when each is accepted with
     `chance`: the rule's prefix (`prefix_lengths`) for that chance, at most `k`."""
     threshold = requests / saturation
@@ -78,17 +82,18 @@ def drafted_tokens(requests: int, saturation: float, k: int, chance: float = PRI
 
 def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[list[int]]:
     """vLLM's own batch-size schedule (`num_speculative_tokens_per_batch_size`) for the
-    same rule at the prior chance: at each number of requests in flight vLLM asks the
-    drafter only for the tokens a request would send at that chance (fewer as the load
-    grows: EAGLE-3 runs fewer passes, DFlash/DSpark fill fewer block slots), none from
-    where even one would not be sent (the drafter then runs only the pass that keeps its
-    KV cache); the plugin trims each request's block further by its own chance. Ranges
-    of equal K, the last carried on by vLLM to its largest batch."""
+    same rule at the prior chance, a token costing its drafting too (`DRAFTING_COST`):
+    at each number of requests in flight vLLM asks the drafter only for the tokens worth
+    drafting and sending at that chance (fewer as the load grows: EAGLE-3 runs fewer
+    passes, DFlash/DSpark fill fewer block slots), none from where even one is not (the
+    drafter then runs only the pass that keeps its KV cache); the plugin trims each
+    request's block further by its own chance, weighing verification only. Ranges of
+    equal K, the last carried on by vLLM to its largest batch."""
     k = num_speculative_tokens
     out: list[list[int]] = []
     requests = 1
     while True:
-        n = drafted_tokens(requests, saturation, k)
+        n = drafted_tokens(requests * (1 + DRAFTING_COST), saturation, k)
         if out and out[-1][2] == n:
             out[-1][1] = requests
         else:

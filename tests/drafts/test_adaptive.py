@@ -52,22 +52,25 @@ def test_adaptive_schedule_is_the_rule_in_vllms_batch_size_lookup():
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
     from pipeline.drafts.adaptive import (
+        DRAFTING_COST,
         PRIOR_CHANCE,
         adaptive_schedule,
         drafted_tokens,
         prefix_lengths,
     )
 
-    # vLLM's scheduler reads K from this lookup by requests in the step: what a request
-    # would send at the prior chance, fewer as the load grows, none from where even one
-    # token would not be sent (the drafter then runs no draft pass).
-    lookup = build_dynamic_sd_schedule_lookup(adaptive_schedule(32, 7), 64, 7)
-    # 1/32 <= 0.5^5; 2/32 <= 0.5^4; 3-4/32 <= 0.5^3; 5-8: 0.5^2; 9-16: 0.5; from 17 none.
+    # vLLM's scheduler reads K from this lookup by requests in the step: what is worth
+    # drafting and sending at the prior chance, a token costing its drafting as much as
+    # its verification (2 x requests / 64), fewer as the load grows, none from where even
+    # one token is not (the drafter then runs no draft pass).
+    lookup = build_dynamic_sd_schedule_lookup(adaptive_schedule(64, 7), 64, 7)
+    # 2/64 <= 0.5^5; 4/64 <= 0.5^4; 6-8/64 <= 0.5^3; 10-16/64: 0.5^2; 18-32/64: 0.5; none on.
     assert lookup[1:18] == [5, 4, 3, 3] + [2] * 4 + [1] * 8 + [0]
     assert lookup[18:] == [0] * 47
-    assert build_dynamic_sd_schedule_lookup(adaptive_schedule(32, 2), 16, 2)[1:10] == [2] * 8 + [1]
+    assert build_dynamic_sd_schedule_lookup(adaptive_schedule(64, 2), 16, 2)[1:10] == [2] * 8 + [1]
     assert build_dynamic_sd_schedule_lookup(adaptive_schedule(1, 4), 8, 4)[1:] == [0] * 8
-    # The schedule's K is the per-request rule's prefix at the prior chance.
+    # The schedule's K is the per-request rule's prefix at the prior chance, with the
+    # drafting counted (the plugin's trimming weighs verification only).
     for requests in (1, 3, 9, 17):
-        want = prefix_lengths([[PRIOR_CHANCE] * 7], requests, 32)[0]
-        assert drafted_tokens(requests, 32, 7) == want
+        want = prefix_lengths([[PRIOR_CHANCE] * 7], requests * (1 + DRAFTING_COST), 64)[0]
+        assert drafted_tokens(requests * (1 + DRAFTING_COST), 64, 7) == want

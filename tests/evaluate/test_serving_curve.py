@@ -86,8 +86,8 @@ def test_each_kinds_serving_facts_decide_its_engine(cuda, monkeypatch):
     spec = json.loads(args[args.index("--speculative-config") + 1])
     schedule = spec["num_speculative_tokens_per_batch_size"]
     assert schedule == adaptive_schedule(16, dflash.num_speculative_tokens)
-    k = dflash.num_speculative_tokens  # one request: 1/16 = 0.5^4, four tokens at most
-    assert schedule[0][::2] == [1, min(k, 4)] and schedule[-1][2] == 0 and schedule[-1][0] < 16
+    k = dflash.num_speculative_tokens  # one request: 2/16 = 0.5^3, three tokens at most
+    assert schedule[0][::2] == [1, min(k, 3)] and schedule[-1][2] == 0 and schedule[-1][0] < 16
     assert (
         ADAPTIVE_ENV not in server_command("t", Engine(BASELINE), adaptive, port=1, memory=None)[1]
     )
