@@ -72,12 +72,7 @@ class AcceptanceRate:
 def drafted_tokens(requests: float, saturation: float, k: int, chance: float = PRIOR_CHANCE) -> int:
     """Tokens worth drafting per request at `requests` in flight when each is accepted with
     `chance`: the rule's prefix (`prefix_lengths`) for that chance, at most `k`."""
-    threshold = requests / saturation
-    n, whole = 0, 1.0
-    while n < k and whole * chance >= threshold:
-        whole *= chance
-        n += 1
-    return n
+    return prefix_lengths([[chance] * k], requests, saturation)[0]
 
 
 def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[list[int]]:
