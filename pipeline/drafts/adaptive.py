@@ -7,11 +7,14 @@ chance of being accepted whole is at least `requests in flight / that number`
 (`prefix_lengths`), so from that many requests on nothing is sent. The chance
 is the DSpark confidence head's, or the running per-position acceptance rate
 (`AcceptanceRate`) of the rounds vLLM verified. vLLM's own batch-size
-schedule (`adaptive_schedule`) caps what the drafter makes by the same rule at
-the prior chance, so a busy engine drafts fewer tokens and, where nothing
-would be sent, none (the drafter then runs only the pass that keeps its KV
-cache). The project's vLLM plugin (vllm_plugin.py) applies the per-request
-rule inside the engine.
+schedule (`adaptive_schedule`) asks the drafter for the tokens worth drafting
+by the same rule at the prior chance, so a busy engine drafts fewer tokens
+and, where nothing would be sent, none (the drafter then runs only the pass
+that keeps its KV cache). The project's vLLM plugin (vllm_plugin.py) applies
+the rule inside the engine twice a round: before drafting, the tokens the
+drafter makes at this many requests (`worth_drafting` at the live acceptance
+rates in place of the schedule's prior, so the cap follows the traffic), and
+after, the prefix each request sends.
 """
 
 from __future__ import annotations
@@ -69,10 +72,12 @@ class AcceptanceRate:
         return [h / t for h, t in zip(self.hits, self.tried, strict=True)]
 
 
-def drafted_tokens(requests: float, saturation: float, k: int, chance: float = PRIOR_CHANCE) -> int:
-    """Tokens worth drafting per request at `requests` in flight when each is accepted with
-    `chance`: the rule's prefix (`prefix_lengths`) for that chance, at most `k`."""
-    return prefix_lengths([[chance] * k], requests, saturation)[0]
+def worth_drafting(chance: list[float], requests: int, saturation: float) -> int:
+    """Tokens worth drafting per request at `requests` in flight, position k accepted with
+    `chance[k]` once those before it were: the rule's prefix with a token costing its
+    drafting as well as its verification (`DRAFTING_COST`: this is decided before
+    drafting), at most `len(chance)`."""
+    return prefix_lengths([chance], requests * (1 + DRAFTING_COST), saturation)[0]
 
 
 def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[list[int]]:
@@ -88,7 +93,7 @@ def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[li
     out: list[list[int]] = []
     requests = 1
     while True:
-        n = drafted_tokens(requests * (1 + DRAFTING_COST), saturation, k)
+        n = worth_drafting([PRIOR_CHANCE] * k, requests, saturation)
         if out and out[-1][2] == n:
             out[-1][1] = requests
         else:
@@ -98,7 +103,7 @@ def adaptive_schedule(saturation: float, num_speculative_tokens: int) -> list[li
         requests += 1
 
 
-def prefix_lengths(chance: list[list[float]], requests: int, saturation: float) -> list[int]:
+def prefix_lengths(chance: list[list[float]], requests: float, saturation: float) -> list[int]:
     """Per request, the drafted tokens to send: the longest prefix whose chance of being
     accepted whole is at least `requests / saturation` (so none from `saturation`
     requests in flight on, where a verified token costs a generated one's compute)."""

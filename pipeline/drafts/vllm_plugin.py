@@ -16,10 +16,12 @@ never reads. This plugin, loaded by vLLM in every engine process through the
   (pipeline/drafts/dspark/drafter.py) drafts offline.
 
 Adaptive drafting (pipeline/drafts/adaptive.py: the rule, its setting and
-vLLM's batch-size schedule for it): each round the model runner hands the
-scheduler only the prefix of each request's block the rule keeps, the chance
-being the confidence head's (a DSpark draft that has one) or the running
-acceptance rate of the rounds vLLM verified (any other draft). It needs vLLM's
+vLLM's batch-size schedule for it): each round the model runner asks the
+drafter for the tokens worth drafting at this many requests at the running
+acceptance rate of the rounds vLLM verified (in place of the schedule's K,
+drawn at a prior chance), then hands the scheduler only the prefix of each
+request's block the rule keeps, the chance being the confidence head's (a
+DSpark draft that has one) or that rate (any other draft). It needs vLLM's
 synchronous scheduling (the CPU build's), where a request's drafts may be
 shorter than `num_speculative_tokens`.
 
@@ -44,7 +46,12 @@ import logging
 import os
 from pathlib import Path
 
-from pipeline.drafts.adaptive import AcceptanceRate, adaptive_requests, prefix_lengths
+from pipeline.drafts.adaptive import (
+    AcceptanceRate,
+    adaptive_requests,
+    prefix_lengths,
+    worth_drafting,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +201,24 @@ def _log_drafts(proposer, ids) -> None:
             )
 
 
+def _rate(drafter) -> AcceptanceRate:
+    """The drafter's running acceptance rate per position (made on first use)."""
+    most = drafter.speculative_config.num_speculative_tokens
+    return drafter.__dict__.setdefault("_dspark_rate", AcceptanceRate(most))
+
+
+def _live_cap(drafter, num_requests: int, saturation: float) -> int:
+    """Before a round: the tokens worth drafting at this many requests at the acceptance
+    rates the traffic shows (in place of vLLM's schedule, drawn at the prior chance)."""
+    rate = _rate(drafter)
+    rate.fade()
+    return worth_drafting(rate.rates(), num_requests, saturation)
+
+
 def _send_lengths(drafter, num_requests: int, saturation: float) -> list[int]:
     """The prefix each request of the latest round sends (its confidence or the rates)."""
-    k = drafter.num_speculative_tokens  # this round's (vLLM's schedule may draft fewer)
-    most = drafter.speculative_config.num_speculative_tokens
-    rate = drafter.__dict__.setdefault("_dspark_rate", AcceptanceRate(most))
-    rate.fade()
+    k = drafter.num_speculative_tokens  # this round's (the cap may draft fewer)
+    rate = _rate(drafter)
     confidence = getattr(drafter, "_dspark_confidence", None)
     if confidence is not None and confidence.shape[0] >= num_requests:
         chance = confidence[:num_requests].tolist()
@@ -238,8 +257,19 @@ def _patch_base(cls) -> None:
 
 
 def _patch_runner(cls) -> None:
-    """The model runner hands the scheduler each request's chosen prefix (adaptive drafting)."""
+    """Adaptive drafting in the model runner: before a round the drafter is asked for the
+    tokens worth drafting at the live rates, after it the scheduler gets each request's
+    chosen prefix."""
     take = cls._get_draft_token_ids_cpu
+    propose = cls.propose_draft_token_ids
+
+    def capped(self, scheduler_output, *args, **kwargs):
+        saturation = adaptive_requests()
+        drafter = getattr(self, "drafter", None)
+        requests = len(scheduler_output.num_scheduled_tokens)
+        if saturation is not None and drafter is not None and not self.use_async_scheduling:
+            scheduler_output.num_spec_tokens_to_schedule = _live_cap(drafter, requests, saturation)
+        return propose(self, scheduler_output, *args, **kwargs)
 
     def trimmed(self):
         drafts, req_ids = take(self)
@@ -253,6 +283,7 @@ def _patch_runner(cls) -> None:
         return drafts, req_ids
 
     cls._get_draft_token_ids_cpu = trimmed
+    cls.propose_draft_token_ids = capped
 
 
 def _patch_round_times(cls, path: str) -> None:

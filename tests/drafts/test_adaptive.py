@@ -55,8 +55,8 @@ def test_adaptive_schedule_is_the_rule_in_vllms_batch_size_lookup():
         DRAFTING_COST,
         PRIOR_CHANCE,
         adaptive_schedule,
-        drafted_tokens,
         prefix_lengths,
+        worth_drafting,
     )
 
     # vLLM's scheduler reads K from this lookup by requests in the step: what is worth
@@ -73,4 +73,25 @@ def test_adaptive_schedule_is_the_rule_in_vllms_batch_size_lookup():
     # drafting counted (the plugin's trimming weighs verification only).
     for requests in (1, 3, 9, 17):
         want = prefix_lengths([[PRIOR_CHANCE] * 7], requests * (1 + DRAFTING_COST), 64)[0]
-        assert drafted_tokens(requests * (1 + DRAFTING_COST), 64, 7) == want
+        assert worth_drafting([PRIOR_CHANCE] * 7, requests, 64) == want
+
+
+def test_the_tokens_worth_drafting_follow_the_acceptance_the_traffic_shows():
+    """The plugin asks the drafter for `worth_drafting` at the live rates, in place of the
+    schedule's prior: a draft the traffic accepts drafts more than the schedule at the
+    same load, one it rejects drafts none where the schedule would still draft."""
+    from pipeline.drafts.adaptive import AcceptanceRate, adaptive_schedule, worth_drafting
+
+    def schedule_k(requests):
+        return next(n for lo, hi, n in adaptive_schedule(64, 4) if lo <= requests <= hi)
+
+    accepted, rejected = AcceptanceRate(4, decay=1.0), AcceptanceRate(4, decay=1.0)
+    for _ in range(200):
+        accepted.update(sent=4, accepted=4)
+        rejected.update(sent=1, accepted=0)
+    # 8 of 64 requests, a token counted twice: whole-prefix chance >= 0.25
+    assert schedule_k(8) == 2
+    assert worth_drafting(accepted.rates(), 8, 64) == 4  # ~0.99 a position
+    assert worth_drafting(rejected.rates(), 8, 64) == 0  # ~0.01 at the first
+    # by hand: 0.9 * 0.5 = 0.45 >= 6/64 * 2; 0.45 * 0.3 = 0.135 < 0.1875
+    assert worth_drafting([0.9, 0.5, 0.3], 6, 64) == 2

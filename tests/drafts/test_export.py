@@ -332,12 +332,12 @@ def test_vllm_plugin_serves_dspark_heads_as_the_project_drafts(
 def test_adaptive_drafting_sends_fewer_tokens_and_changes_no_output(
     drafts, trained_target_dir, plain_toy_decode, tmp_path, monkeypatch
 ):
-    """DSpark with its confidence head: at a saturation of 40 vLLM's schedule drafts fewer
-    than the 4 tokens a round (one at 6 requests, more as requests finish) and the head
-    trims what is sent, and at a saturation of 1 request it asks for no tokens, so the
-    heads never draft (the plugin's draft log stays empty) and nothing is sent; the
-    output is plain decoding's either way (fp32). Drafts without a confidence head trim
-    by the acceptance rate (tests/drafts/test_adaptive.py)."""
+    """DSpark with its confidence head: at a saturation of 40 the plugin asks the drafter
+    for the tokens worth drafting at the live acceptance rates and the head trims what
+    is sent (fewer than the 4 tokens a round), and at a saturation of 1 request it asks
+    for none, so the heads never draft (the plugin's draft log stays empty) and nothing
+    is sent; the output is plain decoding's either way (fp32). Drafts without a
+    confidence head trim by the acceptance rate (tests/drafts/test_adaptive.py)."""
     from pipeline.drafts.adaptive import ADAPTIVE_ENV
     from pipeline.drafts.vllm_check import decode
     from pipeline.drafts.vllm_plugin import DRAFT_LOG_ENV
