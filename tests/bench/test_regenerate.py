@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from regenerate import pick_placement  # noqa: E402
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.append(str(BENCH))  # its own imports (results_file); appended: tests/regenerate/
+# is the package `regenerate` here, so the bench loads under a name of its own
+_spec = importlib.util.spec_from_file_location("bench_regenerate", BENCH / "regenerate.py")
+bench_regenerate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_regenerate)
+pick_placement = bench_regenerate.pick_placement
 
 
 def _round(host_s: float, workers_s: float, c_s: float) -> dict:
