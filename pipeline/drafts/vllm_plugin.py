@@ -266,8 +266,8 @@ def _patch_runner(cls) -> None:
     def capped(self, scheduler_output, *args, **kwargs):
         saturation = adaptive_requests()
         drafter = getattr(self, "drafter", None)
-        requests = len(scheduler_output.num_scheduled_tokens)
         if saturation is not None and drafter is not None and not self.use_async_scheduling:
+            requests = len(scheduler_output.num_scheduled_tokens)  # vLLM's schedule's count
             scheduler_output.num_spec_tokens_to_schedule = _live_cap(drafter, requests, saturation)
         return propose(self, scheduler_output, *args, **kwargs)
 
