@@ -43,6 +43,7 @@ class DecodeRun:
     seconds: float = 0.0
     request_ids: list[str] = field(default_factory=list)  # vLLM's, in prompt order
     round_ms: list[float] = field(default_factory=list)  # each drafting round (round_times)
+    rounds_skipped: int = 0  # of those, rounds adaptive drafting skipped the drafter in
 
     @property
     def tau(self) -> float:
@@ -149,7 +150,9 @@ def decode(
             )
         run = DecodeRun(**json.loads(out.read_text()))
         if times.exists():
-            run.round_ms = [json.loads(line)["ms"] for line in times.read_text().splitlines()]
+            rounds = [json.loads(line) for line in times.read_text().splitlines()]
+            run.round_ms = [r["ms"] for r in rounds]
+            run.rounds_skipped = sum(r["skipped"] for r in rounds)
         return run
 
 

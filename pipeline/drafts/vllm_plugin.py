@@ -15,27 +15,24 @@ never reads. This plugin, loaded by vLLM in every engine process through the
   slot and the token just drafted after it, exactly as the project's drafter
   (pipeline/drafts/dspark/drafter.py) drafts offline.
 
-Adaptive drafting (pipeline/drafts/adaptive.py: the rule, its setting and
-vLLM's batch-size schedule for it): each round the model runner asks the
-drafter for the tokens worth drafting at this many requests at the running
-acceptance rate of the rounds vLLM verified (in place of the schedule's K,
-drawn at a prior chance), then hands the scheduler only the prefix of each
-request's block the rule keeps, the chance being the confidence head's (a
-DSpark draft that has one) or that rate (any other draft). It needs vLLM's
-synchronous scheduling (the CPU build's), where a request's drafts may be
-shorter than `num_speculative_tokens`.
+Adaptive drafting (pipeline/drafts/adaptive.py: the rule and its setting):
+each round the model runner asks the drafter for the tokens worth drafting at
+this many requests at the running acceptance rates of the rounds vLLM verified;
+where that is none, the round skips the drafter altogether (the target's own
+cost), and the requests of that batch draft no more. After drafting, the
+scheduler gets only the prefix of each request's block the rule keeps, by the
+confidence head's chance (a DSpark draft with one) or the rates. It needs vLLM's
+synchronous scheduling (the CPU build's).
 
 A draft without a DSpark form is served as vLLM serves it. The patch is pinned
 to the vLLM versions in `SUPPORTED_VLLM` (constraints.txt's): on any other
 version the plugin logs one line and leaves vLLM alone, and `require_support`
 refuses to serve heads in one line.
 
-`DRAFT_LOG_ENV`, when set to a path, appends one JSON line per request and
-round (request id, anchor position, anchor, drafted tokens): how the tests
-check that vLLM drafts what the project's drafter drafts on the same context.
-`ROUND_TIMES_ENV`, set to a path when the engine starts, appends the wall time
-of every drafting round of any draft (the model runner's whole drafting step,
-single process: a CPU measure) with the requests it drafted for: the served
+`DRAFT_LOG_ENV` (a path) logs one JSON line per request and round (request
+id, anchor position, anchor, drafted tokens): how the tests check that vLLM
+drafts what the project's drafter drafts. `ROUND_TIMES_ENV` (a path) logs the
+wall time of every drafting round of any draft with its requests: the served
 cost of one round (bench/draft_study.py).
 """
 
@@ -193,12 +190,8 @@ def _log_drafts(proposer, ids) -> None:
     with open(path, "a") as f:
         for row, drafted in enumerate(ids.tolist()):
             rid = req_ids[row] if row < len(req_ids) else None
-            f.write(
-                json.dumps(
-                    {"req": rid, "pos": positions[row], "anchor": anchors[row], "tokens": drafted}
-                )
-                + "\n"
-            )
+            line = {"req": rid, "pos": positions[row], "anchor": anchors[row], "tokens": drafted}
+            f.write(json.dumps(line) + "\n")
 
 
 def _rate(drafter) -> AcceptanceRate:
@@ -256,20 +249,57 @@ def _patch_base(cls) -> None:
     cls.prepare_next_token_ids_cpu = on_cpu
 
 
+def _holes(drafter, req_ids: list[str]) -> set[str]:
+    """The batch's requests whose drafter KV cache misses a round (pruned to the batch)."""
+    holes = drafter.__dict__.setdefault("_dspark_holes", set())
+    holes.intersection_update(req_ids)
+    return holes
+
+
+def _skip_round(runner, drafter, scheduler_output, sampled_token_ids, req_ids: list[str]):
+    """A round where nothing is drafted, at the target's own cost: the drafter's passes
+    (even the one that keeps its KV cache) skipped, the last round's verdict still fed
+    to the rates; the batch's requests never send drafts again (their drafter cache now
+    has a hole, and drafting over it would only lower the rates the others earn)."""
+    import torch
+
+    if torch.is_tensor(sampled_token_ids):  # vLLM's padded drafter batch (the default)
+        drafter.prepare_next_token_ids_padded(
+            sampled_token_ids, runner.requests, runner.input_batch, runner.discard_request_mask.gpu
+        )
+    else:
+        drafter.prepare_next_token_ids_cpu(
+            sampled_token_ids,
+            runner.requests,
+            runner.input_batch,
+            scheduler_output.num_scheduled_tokens,
+        )
+    _holes(drafter, req_ids).update(req_ids)
+    drafter._dspark_skipped = True
+    return torch.empty(len(req_ids), 0, dtype=torch.int64, device=runner.device)
+
+
 def _patch_runner(cls) -> None:
     """Adaptive drafting in the model runner: before a round the drafter is asked for the
-    tokens worth drafting at the live rates, after it the scheduler gets each request's
-    chosen prefix."""
+    tokens worth drafting at the live rates (none: the round is skipped), after it the
+    scheduler gets each request's chosen prefix."""
     take = cls._get_draft_token_ids_cpu
     propose = cls.propose_draft_token_ids
 
-    def capped(self, scheduler_output, *args, **kwargs):
+    def capped(self, scheduler_output, sampled_token_ids, *args, **kwargs):
         saturation = adaptive_requests()
         drafter = getattr(self, "drafter", None)
-        if saturation is not None and drafter is not None and not self.use_async_scheduling:
-            requests = len(scheduler_output.num_scheduled_tokens)  # vLLM's schedule's count
-            scheduler_output.num_spec_tokens_to_schedule = _live_cap(drafter, requests, saturation)
-        return propose(self, scheduler_output, *args, **kwargs)
+        if saturation is None or drafter is None or self.use_async_scheduling:
+            return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        req_ids = list(self.input_batch.req_ids)
+        requests = len(scheduler_output.num_scheduled_tokens)  # vLLM's schedule's count
+        fresh = len(req_ids) > len(_holes(drafter, req_ids))
+        cap = _live_cap(drafter, requests, saturation) if fresh else 0
+        scheduler_output.num_spec_tokens_to_schedule = cap
+        drafter._dspark_skipped = False
+        if cap == 0:
+            return _skip_round(self, drafter, scheduler_output, sampled_token_ids, req_ids)
+        return propose(self, scheduler_output, sampled_token_ids, *args, **kwargs)
 
     def trimmed(self):
         drafts, req_ids = take(self)
@@ -278,6 +308,8 @@ def _patch_runner(cls) -> None:
         if saturation is None or drafter is None or not drafts or self.use_async_scheduling:
             return drafts, req_ids
         keep = _send_lengths(drafter, len(req_ids), saturation)
+        holes = _holes(drafter, list(req_ids))
+        keep = [0 if rid in holes else n for rid, n in zip(req_ids, keep, strict=False)]
         drafts = [list(d[:n]) for d, n in zip(drafts, keep, strict=False)]
         drafter._dspark_sent = {rid: len(d) for rid, d in zip(req_ids, drafts, strict=False)}
         return drafts, req_ids
@@ -297,8 +329,9 @@ def _patch_round_times(cls, path: str) -> None:
         out = propose(self, scheduler_output, *args, **kwargs)
         ms = (time.perf_counter() - started) * 1e3
         with open(path, "a") as f:
-            f.write(json.dumps({"ms": ms, "requests": len(scheduler_output.num_scheduled_tokens)}))
-            f.write("\n")
+            requests = len(scheduler_output.num_scheduled_tokens)
+            skipped = getattr(self.drafter, "_dspark_skipped", False)
+            f.write(json.dumps({"ms": ms, "requests": requests, "skipped": skipped}) + "\n")
         return out
 
     cls.propose_draft_token_ids = timed

@@ -335,8 +335,8 @@ def test_adaptive_drafting_sends_fewer_tokens_and_changes_no_output(
     """DSpark with its confidence head: at a saturation of 40 the plugin asks the drafter
     for the tokens worth drafting at the live acceptance rates and the head trims what
     is sent (fewer than the 4 tokens a round), and at a saturation of 1 request it asks
-    for none, so the heads never draft (the plugin's draft log stays empty) and nothing
-    is sent; the output is plain decoding's either way (fp32). Drafts without a
+    for none, so every round skips the drafter (the plugin's draft log stays empty) and
+    nothing is sent; the output is plain decoding's either way (fp32). Drafts without a
     confidence head trim by the acceptance rate (tests/drafts/test_adaptive.py)."""
     from pipeline.drafts.adaptive import ADAPTIVE_ENV
     from pipeline.drafts.vllm_check import decode
@@ -353,14 +353,18 @@ def test_adaptive_drafting_sends_fewer_tokens_and_changes_no_output(
             max_tokens=SERVE_MAX_TOKENS,
             draft_dir=drafts["dspark"].export_dir,
             num_speculative_tokens=4,
+            round_times=True,
         )
         print(
-            f"dspark adaptive at {saturation}: drafts={run.num_drafts} "
+            f"dspark adaptive at {saturation}: rounds={len(run.round_ms)} "
+            f"skipped={run.rounds_skipped} drafts={run.num_drafts} "
             f"draft_tokens={run.num_draft_tokens} accepted={run.num_accepted_tokens}"
         )
         assert run.outputs == plain.outputs, saturation
         logged = log.read_text().splitlines() if log.exists() else []
         if saturation == "1":
             assert run.num_draft_tokens == 0 and logged == []
+            assert run.round_ms and run.rounds_skipped == len(run.round_ms)
         else:
             assert 0 < run.num_draft_tokens < 4 * run.num_drafts and logged
+            assert run.rounds_skipped < len(run.round_ms)
