@@ -18,7 +18,7 @@ never reads. This plugin, loaded by vLLM in every engine process through the
 Adaptive drafting (pipeline/drafts/adaptive.py: the rule and its setting):
 each round the model runner asks the drafter for the tokens worth drafting at
 this many requests at the running acceptance rates of the rounds vLLM verified;
-where that is none, the round skips the drafter altogether (the target's own
+where that is none, the round skips the drafter altogether (no drafting
 cost), and the requests of that batch draft no more. After drafting, the
 scheduler gets only the prefix of each request's block the rule keeps, by the
 confidence head's chance (a DSpark draft with one) or the rates. It needs vLLM's
@@ -257,7 +257,7 @@ def _holes(drafter, req_ids: list[str]) -> set[str]:
 
 
 def _skip_round(runner, drafter, scheduler_output, sampled_token_ids, req_ids: list[str]):
-    """A round where nothing is drafted, at the target's own cost: the drafter's passes
+    """A round where nothing is drafted, without the drafter's cost: its passes
     (even the one that keeps its KV cache) skipped, the last round's verdict still fed
     to the rates; the batch's requests never send drafts again (their drafter cache now
     has a hole, and drafting over it would only lower the rates the others earn)."""
