@@ -94,7 +94,7 @@ class ProcessWriteback:
         # To the child: a Queue, whose put never blocks the engine thread (a thread of
         # this process writes the pipe). Back: a one-way pipe this process only reads,
         # so the child's death is an EOF here.
-        self._to_child = ctx.Queue()
+        self._to_child: Any = ctx.Queue()
         self._to_child.cancel_join_thread()  # never hang this process's exit on a dead child
         self._from_child, writer = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
@@ -216,10 +216,21 @@ class ProcessWriteback:
         if self._process.is_alive():
             self._process.kill()
             self._process.join(timeout=10)
+        self._release_queue()
         if self._backend is not None:
             self._backend.hand_off_rows(False)
             self._backend = None
         self._fail_all(WritebackFailed("the write-back was closed before the unit was written"))
+
+    def _release_queue(self) -> None:
+        """Unlink the queue's named semaphores now, not at this process's exit: Ray ends a
+        replica with SIGKILL, which runs no finalizer, and multiprocessing's resource
+        tracker, which would unlink them, is killed with it (each replica left three
+        `sem.mp-*` files in /dev/shm). The last reference going runs their finalizers."""
+        queue, self._to_child = self._to_child, None
+        if queue is not None:
+            queue.close()
+            queue.join_thread()
 
     # ------------------------------------------------------------------ internals
 
@@ -231,6 +242,8 @@ class ProcessWriteback:
     def _send(self, message: ToChild) -> None:
         if self._failed is not None:
             raise self._failed
+        if self._to_child is None:
+            raise WritebackFailed("the write-back is closed")
         self._to_child.put(message)
 
     def _listen(self) -> None:

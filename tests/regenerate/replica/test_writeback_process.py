@@ -153,6 +153,44 @@ def test_a_sigkilled_owner_leaves_no_child(tmp_path):
         owner.kill()
 
 
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="named semaphores live in /dev/shm")
+def test_a_closed_write_back_leaves_no_semaphore_behind():
+    """Ray ends a replica with SIGKILL after `close`, its process tree with it: no
+    finalizer runs, and multiprocessing's resource tracker (which would unlink the
+    queue's semaphores) dies too. `close` itself must leave nothing in /dev/shm."""
+    import psutil
+
+    script = textwrap.dedent(
+        """
+        import time
+        from pipeline.regenerate.replica.writeback_process import ProcessWriteback
+        if __name__ == "__main__":
+            wb = ProcessWriteback()
+            q = wb._to_child
+            print(*(lock._semlock.name for lock in (q._rlock, q._wlock, q._sem)), flush=True)
+            del q  # the write-back's reference is the only one
+            wb.close()
+            print("closed", flush=True)
+            time.sleep(600)
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        names = owner.stdout.readline().split()
+        files = [Path("/dev/shm") / f"sem.{name.lstrip('/')}" for name in names]
+        assert len(files) == 3 and all(f.exists() for f in files)
+        assert owner.stdout.readline().strip() == "closed"
+        for process in [*psutil.Process(owner.pid).children(recursive=True)]:
+            process.kill()  # the resource tracker, as Ray kills a worker's children
+        owner.kill()
+        owner.wait(timeout=30)
+        assert [f.name for f in files if f.exists()] == []
+    finally:
+        owner.kill()
+
+
 def _alive(pid: int) -> bool:
     """Running, not a zombie waiting for a reaper (its parent is gone)."""
     try:
