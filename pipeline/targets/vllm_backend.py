@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from pipeline.targets.base import (
 )
 from pipeline.targets.capture_rows import CaptureContract, PieceRows, RowLayout, SpooledRows
 from pipeline.targets.config import GenerationConfig, TargetConfig
+from pipeline.targets.spool_dirs import make_spool_dir
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,7 @@ class VLLMTarget:
                 "(capture with prefix-cache hits is not verified; docs/capture.md)"
             )
         kwargs["enable_prefix_caching"] = False
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: no disk I/O
-        self.spool_dir = tempfile.mkdtemp(prefix="dspark-capture-", dir=shm)
+        self.spool_dir = make_spool_dir()  # tmpfs where there is one; a killed run's removed
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.spool_dir, True)
         transport = os.environ.get("DSPARK_CAPTURE_TRANSPORT", "spool")
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"

@@ -1,0 +1,85 @@
+"""Where capture spools live: one directory per capture engine, named for its process.
+
+The engine's model worker writes a spool file every step into tmpfs
+(capture_chunks.py), so a spool directory holds RAM: its recycled slots and
+any steps not read yet. The engine's owner removes it on close, but a process
+killed with SIGKILL (Ray restarting a replica, the kernel's OOM killer) runs
+no cleanup, and its spool would stay in /dev/shm until the machine reboots.
+So each directory carries its creator's pid, and a new capture engine first
+removes the directories whose creator is gone and which nothing has written
+to for a while (a pid can be reused, and another pid namespace can share
+/dev/shm: a directory still being written is never touched).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.logs import kv
+
+log = logging.getLogger(__name__)
+
+SPOOL_DIR_PREFIX = "dspark-capture-"
+ORPHAN_IDLE_S = 600.0  # unwritten this long, with its creator gone: left behind
+
+
+def spool_parent() -> str | None:
+    """tmpfs where there is one (no disk I/O on the worker's path), else the temp dir."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+def make_spool_dir(parent: str | None = None) -> str:
+    """A fresh spool directory for this process, once the orphans under `parent` are gone."""
+    parent = parent if parent is not None else spool_parent()
+    remove_orphaned_spools(parent or tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"{SPOOL_DIR_PREFIX}{os.getpid()}-", dir=parent)
+
+
+def remove_orphaned_spools(parent: str, *, idle_s: float = ORPHAN_IDLE_S) -> list[str]:
+    """Remove the spool directories under `parent` whose creating process is gone and
+    which nothing wrote to for `idle_s` seconds; their paths."""
+    removed = []
+    try:
+        entries = list(Path(parent).glob(f"{SPOOL_DIR_PREFIX}*"))
+    except OSError:
+        return removed
+    now = time.time()
+    for path in entries:
+        pid = _creator(path.name)
+        if pid is None or _alive(pid) or now - _last_write(path) < idle_s:
+            continue
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            log.info("removed a capture spool a killed process left %s", kv(dir=path, bytes=size))
+            removed.append(str(path))
+    return removed
+
+
+def _creator(name: str) -> int | None:
+    """The pid in `dspark-capture-<pid>-<random>` (None: not a name this module made)."""
+    pid, sep, _ = name.removeprefix(SPOOL_DIR_PREFIX).partition("-")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _last_write(path: Path) -> float:
+    """The latest modification time of the directory or any file in it (0: unreadable)."""
+    try:
+        return max([path.stat().st_mtime, *(f.stat().st_mtime for f in path.iterdir())])
+    except OSError:
+        return 0.0
