@@ -35,8 +35,8 @@ def spool_parent() -> str | None:
 
 def make_spool_dir(parent: str | None = None) -> str:
     """A fresh spool directory for this process, once the orphans under `parent` are gone."""
-    parent = parent if parent is not None else spool_parent()
-    remove_orphaned_spools(parent or tempfile.gettempdir())
+    parent = parent or spool_parent() or tempfile.gettempdir()
+    remove_orphaned_spools(parent)
     return tempfile.mkdtemp(prefix=f"{SPOOL_DIR_PREFIX}{os.getpid()}-", dir=parent)
 
 
@@ -48,12 +48,15 @@ def remove_orphaned_spools(parent: str, *, idle_s: float = ORPHAN_IDLE_S) -> lis
         entries = list(Path(parent).glob(f"{SPOOL_DIR_PREFIX}*"))
     except OSError:
         return removed
+    import psutil
+
     now = time.time()
     for path in entries:
         pid = _creator(path.name)
-        if pid is None or _alive(pid) or now - _last_write(path) < idle_s:
+        if pid is None or psutil.pid_exists(pid) or now - _last_write(path) < idle_s:
             continue
-        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        size = _size(path)
+        # ignore_errors: two engines starting on one node may remove the same orphan.
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
             log.info("removed a capture spool a killed process left %s", kv(dir=path, bytes=size))
@@ -67,19 +70,17 @@ def _creator(name: str) -> int | None:
     return int(pid) if sep and pid.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def _last_write(path: Path) -> float:
     """The latest modification time of the directory or any file in it (0: unreadable)."""
     try:
         return max([path.stat().st_mtime, *(f.stat().st_mtime for f in path.iterdir())])
     except OSError:
         return 0.0
+
+
+def _size(path: Path) -> int:
+    """Bytes of the files in a spool directory (what removing it frees; 0: gone meanwhile)."""
+    try:
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    except OSError:
+        return 0

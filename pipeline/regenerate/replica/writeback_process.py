@@ -229,8 +229,7 @@ class ProcessWriteback:
         `sem.mp-*` files in /dev/shm). The last reference going runs their finalizers."""
         queue, self._to_child = self._to_child, None
         if queue is not None:
-            queue.close()
-            queue.join_thread()
+            queue.close()  # its feeder thread ends, letting go of the semaphores it holds
 
     # ------------------------------------------------------------------ internals
 
