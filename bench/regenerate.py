@@ -15,7 +15,8 @@ conversations, engine starts excluded from every rate (reported apart):
     with the project's admission (a conversation's next turn submitted the
     moment its turn returns, no round barrier), the replica's CPU isolation,
     the engine core on the host CPUs and on the model worker's (the faster
-    counts), prefix caching off (faster on this workload); no capture;
+    counts), prefix caching off (faster on this workload); no capture; each
+    run on an engine started for it, as (c)'s is;
 (b) the field's two-pass flow: (a), then a capture engine prefills prompt +
     answer of every sample and one safetensors file per sample is written;
 (c) the shipped stage: `run_regenerate` through a local Ray, committing
@@ -278,22 +279,28 @@ def run_a_b(
     round_: int = 0,
     two_pass: bool = True,
 ) -> dict:
-    """(a) under both engine-core placements on one engine (alternating which goes first
-    by round), each placement's figures kept (`a_by_placement`) and the round's faster
-    one as (a) until the run picks its placement (`pick_placement`); then (b), its
-    first pass being that run, its second pass under the same placement (left out
-    with `two_pass=False`: (a) alone)."""
+    """(a) under both engine-core placements (alternating which goes first by round),
+    each on an engine of its own started for it, as (c) starts its own: a vLLM
+    engine's first minute pays for its heap growing (the model worker's first-touch
+    page faults), so a second run on the same engine was measured warm against a
+    cold (c) (bench/RESULTS.md). Each placement's figures are kept (`a_by_placement`)
+    and the round's faster one is (a) until the run picks its placement
+    (`pick_placement`); then (b), its first pass being that run, its second pass
+    under the same placement (left out with `two_pass=False`: (a) alone)."""
     from pipeline.targets.resolve import resolve_model
     from pipeline.targets.vllm_backend import VLLMTarget, shutdown_engine
 
     model_dir = resolve_model(config.target.model)
-    llm, tokenizer, start_a = plain_engine(config)
-    runs, extra, by_placement = {}, {}, {}
+    runs, extra, by_placement, starts = {}, {}, {}, {}
     for placement in PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]:
+        llm, tokenizer, starts[placement] = plain_engine(config)
         before = engine_cpu()
         with host_work_isolated(placement):
             runs[placement] = plain_fed(llm, tokenizer, config, conversations)
         cpu = {k: v - before[k] for k, v in engine_cpu().items()}
+        shutdown_engine(llm)
+        del llm
+        _free()
         _, seconds, _, generated, phases = runs[placement]
         extra[f"a_{placement}_s"] = seconds
         extra[f"a_{placement}_tok_s"] = generated / seconds
@@ -304,12 +311,10 @@ def run_a_b(
         }
     best = max(PLACEMENTS, key=lambda k: extra[f"a_{k}_tok_s"])
     answers, a_s, prompt_tokens, generated, phases = runs[best]
+    start_a = starts[best]
     extra["a_placement"] = best
     extra |= by_placement[best]
     extra["a_by_placement"] = by_placement
-    shutdown_engine(llm)
-    del llm
-    _free()
     plain = {
         "a_s": a_s,
         **extra,
@@ -689,11 +694,18 @@ def _opt(r: dict, key: str, digits: int = 0) -> str:
     return fmt_spread(r[key], digits) if key in r else "-"
 
 
+def last_turns(args, results: dict) -> str:
+    """The words a `--turns last` run adds to its keys and section tag ("" for all turns):
+    its figures sit beside the all-turns run's, never in their place."""
+    return f"{','.join(results)} last turns" if args.turns == "last" else ""
+
+
 def write_markdown(results: dict, codec: dict, args, load: float) -> None:
     fmt = fmt_spread
     counts = ",".join(f"{name}={r['conversations']}" for name, r in results.items())
+    which = last_turns(args, results)
     lines = [
-        "# Regeneration benchmark (bench/regenerate.py)",
+        f"# Regeneration benchmark (bench/regenerate.py{', ' + which if which else ''})",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_capability()}), load "
         f"average {load:.1f} at start. vLLM CPU, synthetic conversations ({counts}; seed {CORPUS_SEED}, "
@@ -759,7 +771,7 @@ def write_markdown(results: dict, codec: dict, args, load: float) -> None:
                 "",
             ]
             lines += [f"* {k}: {v}%" for k, v in r["profile_c_percent"].items()]
-    write_section("bench/regenerate.py", "\n".join(lines))
+    write_section(f"bench/regenerate.py {which}".rstrip(), "\n".join(lines))
 
 
 def main() -> None:
@@ -921,19 +933,29 @@ def record_toys(results: dict, codec: dict, args, load: float) -> None:
         "regen_cpu_capability": cpu_capability(),
     }
     flat.update({f"regen_codec_{k}": round(v, 1) for k, v in codec.items()})
+    last = bool(last_turns(args, results))
+    prefixes = []
     for name, r in results.items():
         prefix = "regen_" if name == "large" else f"regen_{name}_"
+        prefix += "last_" if last else ""
+        prefixes.append(prefix)
         keys = ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2")
         for key in (k for k in keys if k in r):  # (b)'s only with the two-pass flow
             flat[f"{prefix}{key}"] = round(r[key]["median"], 3)
             flat[f"{prefix}{key}_range"] = [round(r[key]["min"], 3), round(r[key]["max"], 3)]
-        if name == "large":
+        if name == "large" and not last:
             flat["P1"] = flat["regen_P1"]
             if "regen_P2" in flat:
                 flat["P2"] = flat["regen_P2"]
-    # Replaces every earlier regen_/P1/P2 key (the single-batch benchmark's described
-    # another workload); the real target's (real_regen_*, real_P1) are not among them.
-    merge_results(flat, replace=("regen_", "P1", "P2"))
+    if last:  # a last-turns run replaces its own keys only
+        merge_results(flat, replace=tuple(prefixes))
+    else:
+        # Replaces every earlier regen_/P1/P2 key (the single-batch benchmark's described
+        # another workload) but the last-turns runs'; the real target's (real_regen_*,
+        # real_P1) are not among them.
+        merge_results(
+            flat, replace=("regen_", "P1", "P2"), keep=("regen_trained_last_", "regen_last_")
+        )
     write_markdown(results, codec, args, load)
 
 

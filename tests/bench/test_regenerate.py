@@ -49,3 +49,40 @@ def test_the_baseline_keeps_the_placement_with_the_higher_median_in_every_round(
     assert [r["a_cpu_loop_s"] for r in picked] == [1.0, 1.0, 1.0]  # the placement's own figures
     assert picked[1]["P1"] == round(12.0 / 11.0, 3)
     assert picked[1]["P1_round_best"] == round(9.0 / 11.0, 3)
+
+
+def _figures() -> dict:
+    spread = {"median": 0.9, "min": 0.8, "max": 1.0}
+    return {"trained": {k: spread for k in ("a_tok_s", "c_tok_s", "c_captured_tok_s", "P1")}}
+
+
+def test_a_last_turns_run_keeps_its_own_keys_and_leaves_the_all_turns_figures(
+    tmp_path, monkeypatch
+):
+    import argparse
+    import json
+
+    import results_file
+
+    results_json = tmp_path / "results.json"
+    earlier = {"P1": 0.959, "regen_P1": 0.959, "regen_trained_P1": 0.816, "other": 1}
+    results_json.write_text(json.dumps(earlier))
+    monkeypatch.setattr(results_file, "RESULTS_JSON", results_json)
+    sections = []
+    monkeypatch.setattr(
+        bench_regenerate, "write_markdown", lambda results, *a: sections.append(results)
+    )
+    last = argparse.Namespace(turns="last")
+    bench_regenerate.record_toys(_figures(), {}, last, 0.5)
+    after = json.loads(results_json.read_text())
+    assert after["regen_trained_last_P1"] == 0.9
+    assert after["regen_trained_last_P1_range"] == [0.8, 1.0]
+    assert {k: after[k] for k in earlier} == earlier  # the all-turns run's figures stay
+    assert bench_regenerate.last_turns(last, _figures()) == "trained last turns"
+
+    # an all-turns run replaces the all-turns figures and keeps the last-turns ones
+    bench_regenerate.record_toys(_figures(), {}, argparse.Namespace(turns=None), 0.5)
+    after = json.loads(results_json.read_text())
+    assert after["regen_trained_P1"] == 0.9
+    assert after["regen_trained_last_P1"] == 0.9
+    assert "regen_P1" not in after and after["other"] == 1
