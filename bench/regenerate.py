@@ -934,6 +934,8 @@ def record_toys(results: dict, codec: dict, args, load: float) -> None:
     }
     flat.update({f"regen_codec_{k}": round(v, 1) for k, v in codec.items()})
     last = bool(last_turns(args, results))
+    if last:  # the machine's figures stay those of the all-turns run they describe
+        flat = {}
     prefixes = []
     for name, r in results.items():
         prefix = "regen_" if name == "large" else f"regen_{name}_"
