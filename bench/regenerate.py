@@ -694,6 +694,9 @@ def _opt(r: dict, key: str, digits: int = 0) -> str:
     return fmt_spread(r[key], digits) if key in r else "-"
 
 
+LAST_TURNS_KEYS = "regen_last_"  # a `--turns last` run's keys: regen_last_<toy>_*
+
+
 def last_turns(args, results: dict) -> str:
     """The words a `--turns last` run adds to its keys and section tag ("" for all turns):
     its figures sit beside the all-turns run's, never in their place."""
@@ -933,13 +936,15 @@ def record_toys(results: dict, codec: dict, args, load: float) -> None:
         "regen_cpu_capability": cpu_capability(),
     }
     flat.update({f"regen_codec_{k}": round(v, 1) for k, v in codec.items()})
-    last = bool(last_turns(args, results))
+    last = args.turns == "last"
     if last:  # the machine's figures stay those of the all-turns run they describe
         flat = {}
     prefixes = []
     for name, r in results.items():
-        prefix = "regen_" if name == "large" else f"regen_{name}_"
-        prefix += "last_" if last else ""
+        if last:  # one family for every toy's last-turn keys: regen_last_<toy>_*
+            prefix = f"{LAST_TURNS_KEYS}{name}_"
+        else:
+            prefix = "regen_" if name == "large" else f"regen_{name}_"
         prefixes.append(prefix)
         keys = ("a_tok_s", "b_tok_s", "c_tok_s", "c_captured_tok_s", "P1", "P2")
         for key in (k for k in keys if k in r):  # (b)'s only with the two-pass flow
@@ -955,9 +960,7 @@ def record_toys(results: dict, codec: dict, args, load: float) -> None:
         # Replaces every earlier regen_/P1/P2 key (the single-batch benchmark's described
         # another workload) but the last-turns runs'; the real target's (real_regen_*,
         # real_P1) are not among them.
-        merge_results(
-            flat, replace=("regen_", "P1", "P2"), keep=("regen_trained_last_", "regen_last_")
-        )
+        merge_results(flat, replace=("regen_", "P1", "P2"), keep=(LAST_TURNS_KEYS,))
     write_markdown(results, codec, args, load)
 
 

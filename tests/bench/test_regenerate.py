@@ -81,8 +81,8 @@ def test_a_last_turns_run_keeps_its_own_keys_and_leaves_the_all_turns_figures(
     last = argparse.Namespace(turns="last")
     bench_regenerate.record_toys(_figures(), {}, last, 0.5)
     after = json.loads(results_json.read_text())
-    assert after["regen_trained_last_P1"] == 0.9
-    assert after["regen_trained_last_P1_range"] == [0.8, 1.0]
+    assert after["regen_last_trained_P1"] == 0.9
+    assert after["regen_last_trained_P1_range"] == [0.8, 1.0]
     assert {k: after[k] for k in earlier} == earlier  # the all-turns run's figures stay
     assert bench_regenerate.last_turns(last, _figures()) == "trained last turns"
 
@@ -90,5 +90,5 @@ def test_a_last_turns_run_keeps_its_own_keys_and_leaves_the_all_turns_figures(
     bench_regenerate.record_toys(_figures(), {}, argparse.Namespace(turns=None), 0.5)
     after = json.loads(results_json.read_text())
     assert after["regen_trained_P1"] == 0.9
-    assert after["regen_trained_last_P1"] == 0.9
+    assert after["regen_last_trained_P1"] == 0.9
     assert "regen_P1" not in after and after["other"] == 1
