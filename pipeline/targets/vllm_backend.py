@@ -32,7 +32,7 @@ from pipeline.targets.base import (
 )
 from pipeline.targets.capture_rows import CaptureContract, PieceRows, RowLayout, SpooledRows
 from pipeline.targets.config import GenerationConfig, TargetConfig
-from pipeline.targets.spool_dirs import make_spool_dir
+from pipeline.targets.spool_dirs import child_pids, make_spool_dir, record_engine_segments
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,10 @@ class VLLMTarget:
         log.info(
             "starting vLLM engine %s", kv(model=model_dir, dtype=config.dtype, capture=capture)
         )
+        before = child_pids() if capture else set()
         self.llm = LLM(**kwargs)
+        if capture:  # what a SIGKILL would leave in /dev/shm, listed where cleanup finds it
+            record_engine_segments(self.spool_dir, before)
         self.eos_id = self.llm.get_tokenizer().eos_token_id
         self._in_flight: dict[str, tuple[GenerationRequest, bool]] = {}
 

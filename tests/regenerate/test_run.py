@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from ray.exceptions import GetTimeoutError
@@ -139,3 +140,24 @@ def test_sigkilled_replica_with_units_in_flight_every_sample_exactly_once(tmp_pa
     summary = outcome["summary"]
     assert summary.retries >= 1 and not summary.units_failed
     assert _committed_ids(config.output.uri) == _expected_ids(config)
+    _killed_engine_leftovers_removed(pid)
+
+
+def _killed_engine_leftovers_removed(pid: int) -> None:
+    """The SIGKILLed replica's spool lists its engine's shared memory (vLLM's rings, left in
+    /dev/shm by the kill); removing the orphaned spool removes that too."""
+    from pipeline.targets.spool_dirs import (
+        SEGMENTS_FILE,
+        SHM_DIR,
+        SPOOL_DIR_PREFIX,
+        remove_orphaned_spools,
+    )
+
+    spools = list(Path(SHM_DIR).glob(f"{SPOOL_DIR_PREFIX}{pid}-*"))
+    assert len(spools) == 1, spools
+    names = (spools[0] / SEGMENTS_FILE).read_text().split()
+    assert any(n.startswith("psm_") for n in names), names
+    left = [n for n in names if os.path.exists(os.path.join(SHM_DIR, n))]
+    assert any(n.startswith("psm_") for n in left), "nothing was left to remove"
+    assert str(spools[0]) in remove_orphaned_spools(SHM_DIR, idle_s=0)
+    assert not [n for n in names if os.path.exists(os.path.join(SHM_DIR, n))]
