@@ -47,6 +47,9 @@ def main() -> None:
     from pipeline.drafts.adaptive import ADAPTIVE_ENV, adaptive_schedule
 
     os.environ[ADAPTIVE_ENV] = str(args.adaptive)
+    from pipeline.targets.engine_env import apply_engine_env
+
+    apply_engine_env()  # as the project's own engines start
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams

@@ -216,11 +216,13 @@ def plain_engine(config):
     from transformers import AutoTokenizer
     from vllm import LLM
 
+    from pipeline.targets.engine_env import apply_engine_env
     from pipeline.targets.resolve import resolve_model
     from pipeline.targets.vllm_backend import engine_kwargs
 
     model_dir = resolve_model(config.target.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    apply_engine_env()  # as (c)'s engine starts
     t0 = time.perf_counter()
     kwargs = engine_kwargs(config.target, model_dir)
     kwargs["enable_prefix_caching"] = False  # faster here (see the module docstring)

@@ -24,6 +24,7 @@ from pathlib import Path
 from pipeline.drafts.adaptive import adaptive_requests, adaptive_schedule
 from pipeline.drafts.registry import served_method, vllm_env
 from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV
+from pipeline.targets.engine_env import engine_env
 
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -126,7 +127,8 @@ def decode(
             None if saturation is None else adaptive_schedule(saturation, num_speculative_tokens)
         ),
     }
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    env = {**engine_env(), **os.environ}
+    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
     if draft_dir:
         env.update(vllm_env(method))
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:

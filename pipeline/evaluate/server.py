@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.drafts.registry import vllm_env
+from pipeline.targets.engine_env import engine_env
 
 if TYPE_CHECKING:
     from pipeline.evaluate.config import ServingConfig
@@ -73,7 +74,8 @@ def server_command(
             args.append(flag)
         elif value is not False:
             args += [flag, str(value)]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    env = {**engine_env(), **os.environ}
+    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
     if engine.draft_dir is not None:
         spec = {
             "model": str(engine.draft_dir),

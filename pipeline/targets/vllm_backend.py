@@ -32,6 +32,7 @@ from pipeline.targets.base import (
 )
 from pipeline.targets.capture_rows import CaptureContract, PieceRows, RowLayout, SpooledRows
 from pipeline.targets.config import GenerationConfig, TargetConfig
+from pipeline.targets.engine_env import apply_engine_env
 from pipeline.targets.spool_dirs import child_pids, make_spool_dir, record_engine_segments
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class VLLMTarget:
         log.info(
             "starting vLLM engine %s", kv(model=model_dir, dtype=config.dtype, capture=capture)
         )
+        apply_engine_env()
         before = child_pids() if capture else set()
         self.llm = LLM(**kwargs)
         if capture:  # what a SIGKILL would leave in /dev/shm, listed where cleanup finds it
