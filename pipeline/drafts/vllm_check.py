@@ -14,7 +14,6 @@ written to the path given as its argument.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 from pipeline.drafts.adaptive import adaptive_requests, adaptive_schedule
 from pipeline.drafts.registry import served_method, vllm_env
 from pipeline.drafts.vllm_plugin import ROUND_TIMES_ENV
-from pipeline.targets.engine_env import engine_env
+from pipeline.targets.engine_env import launch_env
 
 _COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -127,8 +126,7 @@ def decode(
             None if saturation is None else adaptive_schedule(saturation, num_speculative_tokens)
         ),
     }
-    env = {**engine_env(), **os.environ}
-    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
+    env = launch_env()
     if draft_dir:
         env.update(vllm_env(method))
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:

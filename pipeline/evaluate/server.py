@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.drafts.registry import vllm_env
-from pipeline.targets.engine_env import engine_env
+from pipeline.targets.engine_env import launch_env
 
 if TYPE_CHECKING:
     from pipeline.evaluate.config import ServingConfig
@@ -74,8 +74,7 @@ def server_command(
             args.append(flag)
         elif value is not False:
             args += [flag, str(value)]
-    env = {**engine_env(), **os.environ}
-    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
+    env = launch_env()
     if engine.draft_dir is not None:
         spec = {
             "model": str(engine.draft_dir),

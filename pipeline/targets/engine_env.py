@@ -12,8 +12,7 @@ stays.
 
 A value the user set always wins. In-process engines take the defaults from
 `apply_engine_env()` before they start (their engine-core and worker processes
-inherit them); launchers of engine processes merge `engine_env()` beneath
-their own environment.
+inherit them); launchers of engine processes start them with `launch_env()`.
 """
 
 from __future__ import annotations
@@ -32,3 +31,9 @@ def apply_engine_env() -> None:
     """Set `engine_env()`'s defaults in this process where the user has not set them."""
     for key, value in engine_env().items():
         os.environ.setdefault(key, value)
+
+
+def launch_env() -> dict[str, str]:
+    """The environment for an engine process this process launches: `engine_env()` and
+    vLLM's logging at WARNING, each beneath this process's environment."""
+    return {**engine_env(), "VLLM_LOGGING_LEVEL": "WARNING", **os.environ}

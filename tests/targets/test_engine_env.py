@@ -9,7 +9,7 @@ from vllm.platforms import current_platform
 
 from pipeline.evaluate.config import ServingConfig
 from pipeline.evaluate.server import BASELINE, Engine, server_command
-from pipeline.targets.engine_env import apply_engine_env, engine_env
+from pipeline.targets.engine_env import apply_engine_env, engine_env, launch_env
 
 AOT = "VLLM_USE_AOT_COMPILE"
 
@@ -36,3 +36,10 @@ def test_a_launched_server_gets_the_defaults_beneath_the_users_environment(monke
     monkeypatch.setenv(AOT, "1")
     _, env = server_command("t", Engine(BASELINE), ServingConfig(), port=1, memory=None)
     assert env[AOT] == "1"
+
+
+def test_a_launched_engine_logs_at_warning_unless_the_user_says_otherwise(monkeypatch):
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    assert launch_env()["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    assert launch_env()["VLLM_LOGGING_LEVEL"] == "DEBUG"
