@@ -213,23 +213,29 @@ class ProcessWriteback:
             except (OSError, ValueError):  # the child is gone already
                 pass
         self._process.join(timeout=60)
+        clean = self._process.exitcode == 0
         if self._process.is_alive():
             self._process.kill()
             self._process.join(timeout=10)
-        self._release_queue()
+        self._release_queue(join=clean)
         if self._backend is not None:
             self._backend.hand_off_rows(False)
             self._backend = None
         self._fail_all(WritebackFailed("the write-back was closed before the unit was written"))
 
-    def _release_queue(self) -> None:
+    def _release_queue(self, join: bool) -> None:
         """Unlink the queue's named semaphores now, not at this process's exit: Ray ends a
         replica with SIGKILL, which runs no finalizer, and multiprocessing's resource
         tracker, which would unlink them, is killed with it (each replica left three
-        `sem.mp-*` files in /dev/shm). The last reference going runs their finalizers."""
+        `sem.mp-*` files in /dev/shm). The last reference going runs their finalizers,
+        and the feeder thread holds references until it ends: a child that read every
+        message lets it end now (one that was killed may leave it blocked on the pipe)."""
         queue, self._to_child = self._to_child, None
         if queue is not None:
-            queue.close()  # its feeder thread ends, letting go of the semaphores it holds
+            queue.close()
+            feeder = getattr(queue, "_thread", None)  # join_thread() is off: cancelled above
+            if join and feeder is not None:
+                feeder.join(timeout=10)
 
     # ------------------------------------------------------------------ internals
 

@@ -162,14 +162,19 @@ def test_a_closed_write_back_leaves_no_semaphore_behind():
 
     script = textwrap.dedent(
         """
-        import time
+        import os, time
         from pipeline.regenerate.replica.writeback_process import ProcessWriteback
         if __name__ == "__main__":
-            wb = ProcessWriteback()
-            q = wb._to_child
-            print(*(lock._semlock.name for lock in (q._rlock, q._wlock, q._sem)), flush=True)
-            del q  # the write-back's reference is the only one
-            wb.close()
+            for _ in range(5):  # the queue's feeder thread ends in a race: run it often
+                wb = ProcessWriteback()
+                q = wb._to_child
+                names = [lock._semlock.name for lock in (q._rlock, q._wlock, q._sem)]
+                files = ["/dev/shm/sem." + n.lstrip("/") for n in names]
+                there = all(os.path.exists(f) for f in files)
+                del q  # the write-back's reference is the only one
+                wb.close()
+                gone = not any(os.path.exists(f) for f in files)
+                print(there, gone, *names, flush=True)
             print("closed", flush=True)
             time.sleep(600)
         """
@@ -178,9 +183,12 @@ def test_a_closed_write_back_leaves_no_semaphore_behind():
         [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
-        names = owner.stdout.readline().split()
-        files = [Path("/dev/shm") / f"sem.{name.lstrip('/')}" for name in names]
-        assert len(files) == 3 and all(f.exists() for f in files)
+        files = []
+        for _ in range(5):
+            there, gone, *names = owner.stdout.readline().split()
+            assert there == "True" and len(names) == 3  # the names are the files
+            assert gone == "True"  # when `close` returns, not when a thread gets to it
+            files += [Path("/dev/shm") / f"sem.{name.lstrip('/')}" for name in names]
         assert owner.stdout.readline().strip() == "closed"
         for process in [*psutil.Process(owner.pid).children(recursive=True)]:
             process.kill()  # the resource tracker, as Ray kills a worker's children
