@@ -110,7 +110,8 @@ def self_prompts(config_path: Path, overrides: tuple[str, ...]) -> None:
     config = load_config(config_path, overrides=parse_overrides(list(overrides)))
     if config.corpus.self_prompts is None:
         raise ConfigError(f"{config_path}: corpus.self_prompts is not set: nothing to sample")
-    click.echo(str(ensure_self_prompts(config.corpus.self_prompts, config.target)))
+    path = ensure_self_prompts(config.corpus.self_prompts, config.target, show_progress=True)
+    click.echo(str(path))
 
 
 COMMANDS = (regenerate, refresh, self_prompts)

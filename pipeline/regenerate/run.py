@@ -61,7 +61,11 @@ class RunPlan:
 
 
 def _start(
-    config: PipelineConfig, *, refresh: bool = False, lease_wait_s: float = 0.0
+    config: PipelineConfig,
+    *,
+    refresh: bool = False,
+    lease_wait_s: float = 0.0,
+    show_progress: bool = False,
 ) -> tuple[RunPlan, DatasetSink, RunSummary, list[WorkUnit]]:
     """Take the writer lease, plan against the latest version, open the sink; the units to do.
 
@@ -76,7 +80,7 @@ def _start(
     if config.corpus.self_prompts is not None:  # before the lease: it runs the target once
         from pipeline.regenerate.driver.self_prompts import ensure_self_prompts
 
-        ensure_self_prompts(config.corpus.self_prompts, config.target)
+        ensure_self_prompts(config.corpus.self_prompts, config.target, show_progress=show_progress)
     dataset = Dataset.open(config.output.uri, endpoint_url=config.output.endpoint_url)
     mode = "refresh" if refresh else "regenerate"
     session = WriteSession(dataset, owner=f"{config.name} {mode}").start(wait_s=lease_wait_s)
@@ -154,7 +158,9 @@ def run_local(
     from pipeline.targets.resolve import resolve_model
 
     started = time.monotonic()
-    run, sink, summary, todo = _start(config, refresh=refresh, lease_wait_s=lease_wait_s)
+    run, sink, summary, todo = _start(
+        config, refresh=refresh, lease_wait_s=lease_wait_s, show_progress=show_progress
+    )
     if todo:
         spec = UnitSpec.from_config(config, run.provenance)
         backend = load_target(config.target, capture=True)
@@ -209,7 +215,9 @@ def run_regenerate(
     samples and tombstone removed ones (regenerate/refresh.py).
     """
     started = time.monotonic()
-    run, sink, summary, todo = _start(config, refresh=refresh, lease_wait_s=lease_wait_s)
+    run, sink, summary, todo = _start(
+        config, refresh=refresh, lease_wait_s=lease_wait_s, show_progress=show_progress
+    )
     if not todo:
         _finish(summary, started, summary_json)
         return summary

@@ -23,8 +23,13 @@ from pipeline.logs import kv
 log = logging.getLogger(__name__)
 
 
-def synthesize(tokenizer, backend, config: SelfPromptsConfig) -> list[dict]:
-    """Rows `{"prompt", "id"}` sampled from `backend` (a TargetBackend), filtered, deduplicated."""
+def synthesize(
+    tokenizer, backend, config: SelfPromptsConfig, *, show_progress: bool = False
+) -> list[dict]:
+    """Rows `{"prompt", "id"}` sampled from `backend` (a TargetBackend), filtered,
+    deduplicated; `show_progress`: a bar of prompts kept (sampling takes minutes)."""
+    from tqdm import tqdm
+
     from pipeline.targets.base import GenerationRequest
     from pipeline.targets.config import GenerationConfig
 
@@ -43,6 +48,13 @@ def synthesize(tokenizer, backend, config: SelfPromptsConfig) -> list[dict]:
     budget = int(config.num_prompts * config.max_tries_per_prompt)
     rows: list[dict] = []
     tried = 0
+    bar = tqdm(
+        total=config.num_prompts,
+        desc="self prompts",
+        unit="prompt",
+        disable=not show_progress,
+        dynamic_ncols=True,
+    )
     while len(rows) < config.num_prompts and tried < budget:
         batch = min(budget - tried, SAMPLE_BATCH)
         requests = [
@@ -58,10 +70,9 @@ def synthesize(tokenizer, backend, config: SelfPromptsConfig) -> list[dict]:
             if text is None or index.offer(gen.request_id, [text]) is not None:
                 continue
             rows.append({"prompt": text, "id": gen.request_id})
-        if (tried // SAMPLE_BATCH) % 8 == 0:
-            log.info(
-                "self prompts %s", kv(accepted=len(rows), of=config.num_prompts, sampled=tried)
-            )
+            bar.update(1)
+        bar.set_postfix_str(f"sampled {tried}")
+    bar.close()
     log.info(
         "self prompts %s",
         kv(accepted=len(rows), asked=config.num_prompts, sampled=tried),
@@ -74,7 +85,9 @@ def synthesize(tokenizer, backend, config: SelfPromptsConfig) -> list[dict]:
     return rows
 
 
-def ensure_self_prompts(config: SelfPromptsConfig, target_config) -> Path:
+def ensure_self_prompts(
+    config: SelfPromptsConfig, target_config, *, show_progress: bool = False
+) -> Path:
     """The prompt file of `config`, sampled with the target of `target_config` unless a
     file made by the same recipe is there already."""
     from transformers import AutoTokenizer
@@ -94,7 +107,7 @@ def ensure_self_prompts(config: SelfPromptsConfig, target_config) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     backend = load_target(target_config, capture=False)
     try:
-        rows = synthesize(tokenizer, backend, config)
+        rows = synthesize(tokenizer, backend, config, show_progress=show_progress)
     finally:
         backend.close()
     return write_rows(path, rows, {"recipe": want, "rows": len(rows)})

@@ -26,7 +26,7 @@ def test_user_turn_prefix_ends_where_the_user_text_begins(trained_target_dir):
     assert full.startswith(prefix) and full[len(prefix) :].startswith("hello there")
 
 
-def test_self_prompts_are_distinct_non_empty_and_reproducible(trained_target_dir, tmp_path):
+def test_self_prompts_are_distinct_non_empty_and_reproducible(trained_target_dir, tmp_path, capsys):
     from transformers import AutoTokenizer
 
     from pipeline.targets.loader import load_target
@@ -38,7 +38,9 @@ def test_self_prompts_are_distinct_non_empty_and_reproducible(trained_target_dir
     backend = load_target(_target(trained_target_dir))
     try:
         first = synthesize(tokenizer, backend, config)
-        again = synthesize(tokenizer, backend, config)
+        capsys.readouterr()
+        again = synthesize(tokenizer, backend, config, show_progress=True)
+        bar = capsys.readouterr().err  # minutes on a real target: a bar of prompts kept
         other = synthesize(tokenizer, backend, config.model_copy(update={"seed": 4}))
     finally:
         backend.close()
@@ -47,6 +49,7 @@ def test_self_prompts_are_distinct_non_empty_and_reproducible(trained_target_dir
     assert all(p.strip() for p in prompts)
     assert len(set(prompts)) == len(prompts)
     assert first == again  # same target, seed and settings: the same prompts
+    assert "self prompts" in bar and "6/6" in bar
     assert [r["prompt"] for r in other] != prompts
 
 
