@@ -13,11 +13,15 @@ stays.
 A value the user set always wins. In-process engines take the defaults from
 `apply_engine_env()` before they start (their engine-core and worker processes
 inherit them); launchers of engine processes start them with `launch_env()`.
+Both also name this process the engines' owner: they end when it dies
+(pipeline/targets/engine_owner.py).
 """
 
 from __future__ import annotations
 
 import os
+
+from pipeline.targets.engine_owner import owner_env
 
 
 def engine_env() -> dict[str, str]:
@@ -28,12 +32,15 @@ def engine_env() -> dict[str, str]:
 
 
 def apply_engine_env() -> None:
-    """Set `engine_env()`'s defaults in this process where the user has not set them."""
+    """Set `engine_env()`'s defaults in this process where the user has not set them,
+    and name this process the owner of the engines it starts (engine_owner.py)."""
     for key, value in engine_env().items():
         os.environ.setdefault(key, value)
+    os.environ.update(owner_env())
 
 
 def launch_env() -> dict[str, str]:
     """The environment for an engine process this process launches: `engine_env()` and
-    vLLM's logging at WARNING, each beneath this process's environment."""
-    return {**engine_env(), "VLLM_LOGGING_LEVEL": "WARNING", **os.environ}
+    vLLM's logging at WARNING, each beneath this process's environment; this process
+    its owner (the launched process ends when this one dies: engine_owner.py)."""
+    return {**engine_env(), "VLLM_LOGGING_LEVEL": "WARNING", **os.environ, **owner_env()}

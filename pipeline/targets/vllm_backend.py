@@ -66,13 +66,13 @@ class VLLMTarget:
         self.config = config
         self.capture = capture
         self._rows_handed_off = False  # hand_off_rows
+        apply_engine_env()  # before vLLM loads its plugins here (engine_owner.py)
         kwargs = engine_kwargs(config, model_dir)
         if capture:
             self._setup_capture(config, model_dir, kwargs)
         log.info(
             "starting vLLM engine %s", kv(model=model_dir, dtype=config.dtype, capture=capture)
         )
-        apply_engine_env()
         before = child_pids() if capture else set()
         self.llm = LLM(**kwargs)
         if capture:  # what a SIGKILL would leave in /dev/shm, listed where cleanup finds it

@@ -10,6 +10,7 @@ from vllm.platforms import current_platform
 from pipeline.evaluate.config import ServingConfig
 from pipeline.evaluate.server import BASELINE, Engine, server_command
 from pipeline.targets.engine_env import apply_engine_env, engine_env, launch_env
+from pipeline.targets.engine_owner import OWNER_ENV
 
 AOT = "VLLM_USE_AOT_COMPILE"
 
@@ -34,8 +35,10 @@ def test_a_launched_server_gets_the_defaults_beneath_the_users_environment(monke
     assert env.get(AOT) == engine_env().get(AOT)
 
     monkeypatch.setenv(AOT, "1")
+    monkeypatch.setenv(OWNER_ENV, "1")  # inherited from a process above: this one owns it
     _, env = server_command("t", Engine(BASELINE), ServingConfig(), port=1, memory=None)
     assert env[AOT] == "1"
+    assert env[OWNER_ENV] == str(os.getpid())
 
 
 def test_a_launched_engine_logs_at_warning_unless_the_user_says_otherwise(monkeypatch):
