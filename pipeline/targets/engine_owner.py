@@ -47,19 +47,22 @@ def watch_owner(poll_s: float = POLL_S, grace_s: float = GRACE_S) -> bool:
     if _watching or not owner.isdigit() or int(owner) == os.getpid():
         return False
     _watching = True
+    parent = os.getppid()
+    if parent == 1 and owner != "1":  # orphaned before it got here (init is not the owner)
+        parent = None
     threading.Thread(
         target=_watch,
-        args=(os.getppid(), poll_s, grace_s),
+        args=(parent, poll_s, grace_s),
         name="engine-owner-watch",
         daemon=True,
     ).start()
     return True
 
 
-def _watch(parent: int, poll_s: float, grace_s: float) -> None:
+def _watch(parent: int | None, poll_s: float, grace_s: float) -> None:
     """The parent's pid changes only when it dies (the orphan goes to init or a subreaper;
     a parent that is PID 1 itself, as in a container, keeps it while it lives)."""
-    while os.getppid() == parent:
+    while parent is not None and os.getppid() == parent:
         time.sleep(poll_s)
     _stop(grace_s)
 

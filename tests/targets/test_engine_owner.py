@@ -18,10 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # A stand-in for an engine process: it watches the process that started it.
 CHILD = """
-import signal, sys, time
+import os, signal, sys, time
 from pipeline.targets.engine_owner import watch_owner
 if sys.argv[1] == "ignore":  # a process that does not stop on SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[1] == "late":  # orphaned before it loads the watch (a slow start)
+    parent = os.getppid()
+    print("waiting", flush=True)
+    while os.getppid() == parent:
+        time.sleep(0.05)
+    print(os.getppid(), flush=True)
 assert watch_owner(poll_s=0.05, grace_s=0.5)
 print("watching", flush=True)
 time.sleep(600)
@@ -65,6 +71,27 @@ def test_a_process_ends_when_the_owner_that_started_it_is_killed(on_sigterm):
         owner.kill()
         owner.wait(timeout=10)
         assert _gone(child, 5.0)  # SIGTERM, or the grace period's end when it is ignored
+    finally:
+        owner.kill()
+        if psutil.pid_exists(child):
+            psutil.Process(child).kill()
+
+
+def test_a_process_orphaned_before_it_watches_ends_too():
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER % OWNER_ENV, CHILD, "late"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(owner.stdout.readline())
+    try:
+        assert owner.stdout.readline().strip() == "waiting"
+        owner.kill()
+        owner.wait(timeout=10)
+        if owner.stdout.readline().strip() != "1":
+            pytest.skip("orphans go to a subreaper here, not to init")
+        assert _gone(child, 5.0)
     finally:
         owner.kill()
         if psutil.pid_exists(child):
