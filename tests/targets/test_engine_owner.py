@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -55,47 +56,43 @@ def _gone(pid: int, within_s: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize("on_sigterm", ["stop", "ignore"])
-def test_a_process_ends_when_the_owner_that_started_it_is_killed(on_sigterm):
+@contextlib.contextmanager
+def _owner_and_child(mode: str):
+    """An owner process and the child it started in `mode` (CHILD's argument)."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER % OWNER_ENV, CHILD, on_sigterm],
+        [sys.executable, "-c", OWNER % OWNER_ENV, CHILD, mode],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
     child = int(owner.stdout.readline())
     try:
+        yield owner, child
+    finally:
+        owner.kill()
+        if psutil.pid_exists(child):
+            psutil.Process(child).kill()
+
+
+@pytest.mark.parametrize("on_sigterm", ["stop", "ignore"])
+def test_a_process_ends_when_the_owner_that_started_it_is_killed(on_sigterm):
+    with _owner_and_child(on_sigterm) as (owner, child):
         assert owner.stdout.readline().strip() == "watching"
         time.sleep(0.3)
         assert not _gone(child, 0.0)  # watching does not end a process whose owner lives
         owner.kill()
         owner.wait(timeout=10)
         assert _gone(child, 5.0)  # SIGTERM, or the grace period's end when it is ignored
-    finally:
-        owner.kill()
-        if psutil.pid_exists(child):
-            psutil.Process(child).kill()
 
 
 def test_a_process_orphaned_before_it_watches_ends_too():
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER % OWNER_ENV, CHILD, "late"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    child = int(owner.stdout.readline())
-    try:
+    with _owner_and_child("late") as (owner, child):
         assert owner.stdout.readline().strip() == "waiting"
         owner.kill()
         owner.wait(timeout=10)
         if owner.stdout.readline().strip() != "1":
             pytest.skip("orphans go to a subreaper here, not to init")
         assert _gone(child, 5.0)
-    finally:
-        owner.kill()
-        if psutil.pid_exists(child):
-            psutil.Process(child).kill()
 
 
 def test_the_owner_itself_and_a_process_with_no_owner_watch_nothing(monkeypatch):
