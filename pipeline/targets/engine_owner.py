@@ -30,7 +30,7 @@ import time
 
 OWNER_ENV = "DSPARK_TARGETS_ENGINE_OWNER"
 POLL_S = 1.0
-GRACE_S = 10.0
+GRACE_S = 30.0  # a GPU engine's teardown (device memory) can take a while
 _watching = False
 
 
