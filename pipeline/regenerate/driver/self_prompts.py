@@ -48,31 +48,31 @@ def synthesize(
     budget = int(config.num_prompts * config.max_tries_per_prompt)
     rows: list[dict] = []
     tried = 0
-    bar = tqdm(
+    with tqdm(
         total=config.num_prompts,
         desc="self prompts",
         unit="prompt",
         disable=not show_progress,
         dynamic_ncols=True,
-    )
-    while len(rows) < config.num_prompts and tried < budget:
-        batch = min(budget - tried, SAMPLE_BATCH)
-        requests = [
-            GenerationRequest(f"self-{config.seed}-{tried + i:07d}", prefix) for i in range(batch)
-        ]
-        tried += batch
-        for gen in backend.generate(requests, params):
-            if gen.finish_reason != "stop" or len(rows) >= config.num_prompts:
-                continue
-            text = accept(
-                tokenizer.decode(gen.output_ids, skip_special_tokens=True), config, markers
-            )
-            if text is None or index.offer(gen.request_id, [text]) is not None:
-                continue
-            rows.append({"prompt": text, "id": gen.request_id})
-            bar.update(1)
-        bar.set_postfix_str(f"sampled {tried}")
-    bar.close()
+    ) as bar:
+        while len(rows) < config.num_prompts and tried < budget:
+            batch = min(budget - tried, SAMPLE_BATCH)
+            requests = [
+                GenerationRequest(f"self-{config.seed}-{tried + i:07d}", prefix)
+                for i in range(batch)
+            ]
+            tried += batch
+            for gen in backend.generate(requests, params):
+                if gen.finish_reason != "stop" or len(rows) >= config.num_prompts:
+                    continue
+                text = accept(
+                    tokenizer.decode(gen.output_ids, skip_special_tokens=True), config, markers
+                )
+                if text is None or index.offer(gen.request_id, [text]) is not None:
+                    continue
+                rows.append({"prompt": text, "id": gen.request_id})
+                bar.update(1)
+            bar.set_postfix_str(f"sampled {tried}")
     log.info(
         "self prompts %s",
         kv(accepted=len(rows), asked=config.num_prompts, sampled=tried),
