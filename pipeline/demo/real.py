@@ -7,9 +7,10 @@
    12,000) with it on a local Ray and a CPU vLLM replica, capturing the union of
    the layers the drafts read (DFlash's spacing and EAGLE-3's low/middle/high);
 3. prints `inspect` of the version and a few answers read back from the shards;
-4. trains DSpark, the DFlash baseline and the EAGLE-3 baseline on the same
-   shards with one budget each (`num_steps` optimiser steps of 8 sequences),
-   each reading its own subset of the captured layers (train-real*.yaml);
+4. trains the DFlash baseline, DSpark (started from that DFlash draft) and the
+   EAGLE-3 baseline on the same shards with one budget each (`num_steps`
+   optimiser steps of 8 sequences), each reading its own subset of the
+   captured layers (train-real*.yaml);
 5. measures their acceptance length per domain offline (T=0) on the held-out
    split and on the source every draft was trained without (`REAL_LEFT_OUT`),
    prints both tables, each draft's ratio of the two, and one line naming the
@@ -53,27 +54,37 @@ REAL_TRAILS_WHY = (
     "in the draft study (docs/draft-study.md) EAGLE-3 led every DSpark recipe at 300 and "
     "1,200 steps, by less as training grows (the best DSpark over EAGLE-3: 0.92 at 300 steps, "
     "0.96 at 1,200, on the held-out split); no budget run so far puts DSpark ahead. "
-    "train-real.yaml trains DSpark with the study's CE weight 1.0 and Markov rank 256"
+    "train-real.yaml trains the study's best DSpark cell (2 layers, rank 256, 1.0 CE + 0.9 TV, "
+    "CE first, started from the DFlash draft)"
 )
-# Draft name -> (training config, run directory under out_dir, extra overrides).
+# Draft name -> (training config, run directory under out_dir, extra overrides), in
+# training order: a warm-started draft after its source.
 REAL_DRAFTS: dict[str, tuple[str, str, dict]] = {
+    "DFlash": ("train-real-dflash.yaml", "train-dflash", {}),
     "DSpark": ("train-real.yaml", "train", {}),
-    "DFlash": ("train-real.yaml", "train-dflash", {"draft.kind": "dflash"}),
     "EAGLE-3": ("train-real-eagle3.yaml", "train-eagle3", {}),
 }
+# Draft -> the draft of the same run it starts from (`init_from`): DSpark from the DFlash
+# draft trained beside it (the draft study's best DSpark cell warm-starts; train-real.yaml).
+REAL_WARM_FROM = {"DSpark": "DFlash"}
 
 
 def real_train_config(out_dir: str | Path, data_uri: str, name: str, *, num_steps: int, **extra):
-    """The TrainConfig of draft `name` of REAL_DRAFTS on `data_uri` (run dir under `out_dir`)."""
+    """The TrainConfig of draft `name` of REAL_DRAFTS on `data_uri` (run dir under `out_dir`;
+    a draft of REAL_WARM_FROM starts from its source's run there, trained first)."""
     from pipeline.train.config import load_train_config
 
     config_name, run_name, overrides = REAL_DRAFTS[name]
+    warm = {}
+    if name in REAL_WARM_FROM:
+        warm["init_from"] = str(Path(out_dir) / REAL_DRAFTS[REAL_WARM_FROM[name]][1])
     return load_train_config(
         CONFIG_DIR / config_name,
         overrides={
             "data.uri": str(data_uri),
             "out_dir": str(Path(out_dir) / run_name),
             "num_steps": num_steps,
+            **warm,
             **overrides,
             **extra,
         },
@@ -110,7 +121,9 @@ def run_real_demo(
         console, config, model_dir, first_step=2, answer_label="the target's answer"
     )
 
-    console.rule(f"[bold]4. train DSpark, DFlash and EAGLE-3 ({num_steps} steps each)")
+    console.rule(
+        f"[bold]4. train DFlash, DSpark (from DFlash) and EAGLE-3 ({num_steps} steps each)"
+    )
     trained: dict[str, dict] = {}
     for name in REAL_DRAFTS:
         result = train(

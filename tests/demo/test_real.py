@@ -69,10 +69,30 @@ def test_demo_real_writes_under_runs_real_unless_told(monkeypatch):
     assert [kw["num_steps"] for _, kw in calls] == [real.REAL_DEMO_STEPS, 7]
 
 
-def test_the_real_dspark_trains_the_studys_loss_and_dflash_stays_ce():
+def test_the_real_dspark_trains_the_studys_best_cell_and_dflash_stays_ce():
     from pipeline.demo.real import real_train_config
 
     dspark = real_train_config("runs/real", "ds", "DSpark", num_steps=1)
     dflash = real_train_config("runs/real", "ds", "DFlash", num_steps=1)
-    assert dspark.loss.weights("dspark") == (1.0, 1.8, 1.0)  # draft study: dspark-ce1
+    # draft study: dspark+L2+R256+ce1+cefirst09+tv09+warm
+    assert dspark.loss.weights("dspark") == (1.0, 0.9, 1.0)
+    assert dspark.loss.ce_first_fraction == 0.9
+    assert (dspark.draft.num_layers, dspark.draft.markov_rank) == (2, 256)
     assert dflash.loss.weights("dflash") == (1.0, 0.0, 0.0)
+    assert (dflash.draft.kind, dflash.draft.num_layers, dflash.init_from) == ("dflash", 1, None)
+
+
+def test_dspark_starts_from_the_dflash_draft_trained_before_it():
+    from pipeline.demo.real import REAL_WARM_FROM, real_train_config
+
+    order = list(REAL_DRAFTS)
+    for name, source in REAL_WARM_FROM.items():
+        assert order.index(source) < order.index(name)
+        warm = real_train_config("out", "ds", name, num_steps=1)
+        assert warm.init_from == real_train_config("out", "ds", source, num_steps=1).out_dir
+    # The source's draft vocabulary and layers match (warm_start checks them at step 0).
+    dspark = real_train_config("out", "ds", "DSpark", num_steps=1)
+    dflash = real_train_config("out", "ds", "DFlash", num_steps=1)
+    assert dspark.draft.draft_vocab_size == dflash.draft.draft_vocab_size
+    assert dspark.draft.aux_layer_ids == dflash.draft.aux_layer_ids
+    assert dspark.data == dflash.data
