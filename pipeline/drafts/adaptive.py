@@ -10,8 +10,8 @@ is the DSpark confidence head's, or the running per-position acceptance rate
 schedule (`adaptive_schedule`) asks the drafter for the tokens worth drafting
 by the same rule at the prior chance, so a busy engine drafts fewer tokens
 and, where nothing would be sent, none (the drafter then runs only the pass
-that keeps its KV cache). The project's vLLM plugin (vllm_plugin.py) applies
-the rule inside the engine twice a round: before drafting, the tokens the
+that keeps its KV cache). The project's vLLM plugin applies the rule inside the
+engine twice a round (vllm_adaptive.py): before drafting, the tokens the
 drafter makes at this many requests (`worth_drafting` at the live acceptance
 rates in place of the schedule's prior, so the cap follows the traffic), and
 after, the prefix each request sends.

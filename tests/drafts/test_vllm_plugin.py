@@ -57,15 +57,3 @@ def test_registering_twice_patches_once():
     patched = DFlashProposer._sample_draft_tokens
     assert vllm_plugin.register() is True
     assert DFlashProposer._sample_draft_tokens is patched
-
-
-def test_requests_whose_drafter_missed_a_round_are_remembered_while_they_run():
-    """A skipped round leaves a hole in its requests' drafter KV cache: they are kept
-    from sending drafts for as long as they are in the batch, and forgotten after."""
-    from types import SimpleNamespace
-
-    drafter = SimpleNamespace()
-    vllm_plugin._holes(drafter, ["a", "b"]).update(["a", "b"])
-    assert vllm_plugin._holes(drafter, ["a", "b", "c"]) == {"a", "b"}
-    assert vllm_plugin._holes(drafter, ["b", "c"]) == {"b"}  # a finished; c is fresh
-    assert vllm_plugin._holes(drafter, ["a", "c"]) == set()  # an id back is a new request
