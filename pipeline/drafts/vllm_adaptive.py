@@ -91,17 +91,12 @@ def _holes(drafter, req_ids: list[str]) -> set[str]:
     return holes
 
 
-def _skip_round(runner, drafter, scheduler_output, sampled_token_ids, req_ids: list[str]):
-    """A round where nothing is drafted, without the drafter's cost: its passes
-    (even the one that keeps its KV cache) skipped, the verdict of the drafts verified in
-    this step (if any) still fed to the rates; the batch's requests never send drafts
-    again (their drafter cache now has a hole, and drafting over it would only lower the
-    rates the others earn)."""
+def _feed_back(runner, drafter, scheduler_output, sampled_token_ids) -> None:
+    """vLLM's pass over the batch that reads which drafted tokens were accepted (the
+    patched proposer base feeds them to the rates)."""
     import torch
 
-    if not scheduler_output.scheduled_spec_decode_tokens:
-        pass  # nothing was verified this round: no verdict to feed back
-    elif torch.is_tensor(sampled_token_ids):  # vLLM's padded drafter batch (the default)
+    if torch.is_tensor(sampled_token_ids):  # vLLM's padded drafter batch (the default)
         drafter.prepare_next_token_ids_padded(
             sampled_token_ids, runner.requests, runner.input_batch, runner.discard_request_mask.gpu
         )
@@ -112,6 +107,18 @@ def _skip_round(runner, drafter, scheduler_output, sampled_token_ids, req_ids: l
             runner.input_batch,
             scheduler_output.num_scheduled_tokens,
         )
+
+
+def _skip_round(runner, drafter, scheduler_output, sampled_token_ids, req_ids: list[str]):
+    """A round where nothing is drafted, without the drafter's cost: its passes
+    (even the one that keeps its KV cache) skipped, the verdict of the drafts verified in
+    this step (if any) still fed to the rates; the batch's requests never send drafts
+    again (their drafter cache now has a hole, and drafting over it would only lower the
+    rates the others earn)."""
+    import torch
+
+    if scheduler_output.scheduled_spec_decode_tokens:  # a verdict to feed back
+        _feed_back(runner, drafter, scheduler_output, sampled_token_ids)
     _holes(drafter, req_ids).update(req_ids)
     drafter._dspark_skipped = True
     return torch.empty(len(req_ids), 0, dtype=torch.int64, device=runner.device)
