@@ -62,7 +62,7 @@ from results_file import (  # bench/ is sys.path[0]
     public_command,
     write_section,
 )
-from serve import FIGURES, figures_of
+from serve import FIGURES, RUNS, figures_of, keep_raw
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -177,6 +177,12 @@ def main() -> None:
             ood_config["serving"] = {**config["serving"], "concurrency": [1]}
         ood = run_evaluation(parse_eval_config(ood_config, "bench/real_target.py")).report
         report, md = result.report, result.markdown_path.read_text()
+        for section, out_dir, name in (
+            (report.get("serving"), config["out_dir"], "real_serve"),
+            (ood.get("serving"), ood_config["out_dir"], "real_serve_ood"),
+        ):
+            if section:
+                keep_raw(section, Path(out_dir) / "serving", RUNS / name)
         FIGURES.mkdir(exist_ok=True)
         plots = {}
         for key, path in result.plots.items():
@@ -355,7 +361,9 @@ def e2e_markdown(figures: dict, command: str) -> str:
             "",
             f"`{command}`. Speedup = output tokens over wall seconds (first token included) "
             "with the draft / without, the same prompts in the same order; 95% paired "
-            "bootstrap over prompts. Left-out: prompts of the source no draft trained on.",
+            "bootstrap over prompts. Left-out: prompts of the source no draft trained on. "
+            "Raw report (per request) and server log tails: serve_runs/real_serve/ and "
+            "serve_runs/real_serve_ood/.",
             "",
             "| draft | held-out split | left-out source | vLLM tau, left-out |",
             "|---|---|---|---|",

@@ -156,7 +156,8 @@ def figures_of(serving: dict, prefix: str) -> dict:
             }
         )
         if e["single_stream_e2e_speedup"]:
-            out[f"{prefix}e2e_{_slug(name)}"] = e["single_stream_e2e_speedup"]
+            # the key bench/real_target.py and the issues name: real_serve_e2e_eagle3
+            out[f"{prefix}e2e_{_slug(name).replace('_', '')}"] = e["single_stream_e2e_speedup"]
             speedups.append(e["single_stream_e2e_speedup"])
         c16 = (e.get("equal_requests") or {}).get("16")
         if c16 is not None:
@@ -245,7 +246,7 @@ def _bench(args, prefix: str, overrides: dict) -> None:
             raise SystemExit(f"{args.config}: no serving: section to benchmark")
         result = run_evaluation(config)
         serving = result.report["serving"]
-        _keep_raw(serving, Path(config.out_dir) / "serving", RUNS / prefix.rstrip("_"))
+        keep_raw(serving, Path(config.out_dir) / "serving", RUNS / prefix.rstrip("_"))
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -275,7 +276,7 @@ def _bench(args, prefix: str, overrides: dict) -> None:
     print(json.dumps(figures, indent=2))
 
 
-def _keep_raw(serving: dict, logs: Path, out: Path) -> None:
+def keep_raw(serving: dict, logs: Path, out: Path) -> None:
     """The serving section (per-request tokens and latencies included) and the tail of
     each server log, into the repository (small: the tails only)."""
     shutil.rmtree(out, ignore_errors=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from serve import _keep_raw, figures_of  # noqa: E402
+from serve import figures_of, keep_raw  # noqa: E402
 
 from pipeline.evaluate.serving import BASELINE  # noqa: E402
 
@@ -51,6 +51,8 @@ def test_the_headline_is_the_best_end_to_end_ratio_and_its_interval_low():
     f = figures_of(section, "real_serve_")
     assert f["real_serve_e2e_best"] == 1.6 and f["real_serve_e2e_best_ci_low"] == 1.2
     assert f["real_serve_e2e_dspark"] == {"ratio": 1.4, "ci95": [1.3, 1.5]}
+    assert f["real_serve_e2e_eagle3"] == {"ratio": 1.6, "ci95": [1.2, 1.9]}
+    assert "real_serve_e2e_eagle_3" not in f  # one key per figure
     assert f["real_serve_c16_min"] == 0.98  # the worst draft at 16 requests in flight
     assert f["real_serve_identity_control"] == {"num_identical": 64}
     assert f["real_serve_dflash_not_served"] == "not exported"
@@ -63,7 +65,7 @@ def test_the_raw_report_and_log_tails_are_kept(tmp_path):
     logs.mkdir()
     (logs / "DSpark-start0.log").write_text("\n".join(f"line {i}" for i in range(500)))
     out = tmp_path / "kept"
-    _keep_raw({"engines": {}}, logs, out)
+    keep_raw({"engines": {}}, logs, out)
     kept = (out / "DSpark-start0.log").read_text().splitlines()
     assert len(kept) == 200 and kept[-1] == "line 499"
     assert (out / "serving.json").read_text().startswith("{")
