@@ -162,7 +162,7 @@ def main() -> None:
                 num_prompts=args.serve_prompts,
                 max_tokens=args.max_tokens,
                 concurrency=args.serve_concurrency,
-                identity=dict(num_prompts=4),
+                identity=dict(),  # every served prompt, greedy, against the plain engine
             )
         result = run_evaluation(parse_eval_config(config, "bench/real_target.py"))
         # The source left out of training: every sample of it, T=0, and served single-stream.

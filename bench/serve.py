@@ -63,7 +63,7 @@ TOY_SERVING = dict(
     dtype="float32",  # toy drafts are fp32; bf16 is emulated on CPUs without it
     enforce_eager=True,
     max_model_len=1024,
-    identity=dict(num_prompts=4),
+    identity=dict(),  # every served prompt
 )
 
 
