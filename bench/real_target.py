@@ -62,7 +62,7 @@ from results_file import (  # bench/ is sys.path[0]
     public_command,
     write_section,
 )
-from serve import FIGURES, RUNS, figures_of, keep_raw
+from serve import FIGURES, RUNS, e2e_figures, figures_of, keep_raw
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -323,7 +323,6 @@ def main() -> None:
             FIGURES / f"{prefix}curve.png",
             title="SmolLM2-135M-Instruct on CPU vLLM: throughput vs interactivity",
         )
-        serve_figures.update(e2e_keys(serving, prefix))
         merge_results(serve_figures, replace=(prefix,), keep=("real_serve_ood_",))
         write_section(
             f"bench/serve.py {prefix}",
@@ -395,28 +394,9 @@ def ood_keys(gen: dict, ood: dict, left_out) -> dict:
     return out
 
 
-def e2e_keys(serving: dict, prefix: str) -> dict:
-    """Single-stream end-to-end speedup of every draft and of the best, with intervals."""
-    from pipeline.evaluate.serving import BASELINE
-
-    out, best = {}, None
-    for name, e in serving["engines"].items():
-        fig = e.get("single_stream_e2e_speedup") if name != BASELINE else None
-        if not fig:
-            continue
-        out[f"{prefix}e2e_{name.lower().replace('-', '')}"] = fig
-        if best is None or fig["ratio"] > best[1]["ratio"]:
-            best = (name, fig)
-    if best is not None:
-        out[f"{prefix}e2e_best"] = best[1]["ratio"]
-        out[f"{prefix}e2e_best_ci_low"] = best[1]["ci95"][0]
-        out[f"{prefix}e2e_best_draft"] = best[0]
-    return out
-
-
 def ood_serve_keys(serving: dict, prefix: str) -> dict:
     """The left-out source's serving figures: e2e speedups, tau and tok/s per engine."""
-    out = e2e_keys(serving, prefix)
+    out = e2e_figures(serving, prefix)
     for name, e in serving["engines"].items():
         if e.get("served"):
             single = e["single_stream"]

@@ -50,6 +50,7 @@ def test_the_headline_is_the_best_end_to_end_ratio_and_its_interval_low():
     }
     f = figures_of(section, "real_serve_")
     assert f["real_serve_e2e_best"] == 1.6 and f["real_serve_e2e_best_ci_low"] == 1.2
+    assert f["real_serve_e2e_best_draft"] == "EAGLE-3"
     assert f["real_serve_e2e_dspark"] == {"ratio": 1.4, "ci95": [1.3, 1.5]}
     assert f["real_serve_e2e_eagle3"] == {"ratio": 1.6, "ci95": [1.2, 1.9]}
     assert "real_serve_e2e_eagle_3" not in f  # one key per figure
